@@ -1,0 +1,1 @@
+"""Triton kernels for GPU-resident DDTree construction (installed as ``sglang_ddtree.kernels``)."""

@@ -1,0 +1,113 @@
+"""Reading Hugging Face ``config.json`` files without importing SGLang or transformers.
+
+The launcher validates a model before SGLang starts (a wrong TP size or a drafter without a block size should
+fail in a second with one readable line, not after minutes of loading with a traceback), so it needs the raw
+config of local folders and, for hub ids, of whatever the local Hugging Face cache or hub can provide.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+
+class ModelConfigError(ValueError):
+    """A model or drafter cannot be used; the message names the path and the problem."""
+
+
+def load_config(model_path: str, role: str = "model") -> dict[str, Any]:
+    """Return the parsed ``config.json`` of a local folder or a Hugging Face hub id.
+
+    ``role`` ("model", "drafter") only words the error message.
+    """
+    if os.path.isdir(model_path):
+        config_path = os.path.join(model_path, "config.json")
+    elif os.path.exists(model_path) or model_path.startswith((".", "/", "~")) or model_path.count("/") != 1:
+        raise ModelConfigError(f"{role} path '{model_path}' does not exist or is not a folder")
+    else:
+        config_path = _hub_config_path(model_path, role)
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except OSError as e:
+        raise ModelConfigError(f"cannot read {role} config '{config_path}': {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{role} config '{config_path}' is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{role} config '{config_path}' is not a JSON object")
+    return config
+
+
+def _hub_config_path(repo_id: str, role: str) -> str:
+    from huggingface_hub import hf_hub_download
+
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)  # its retry warnings would bury the one line the user needs
+    try:
+        return hf_hub_download(repo_id, "config.json")
+    except Exception as e:  # offline, unknown repo, gated repo: all mean "cannot use it"
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelConfigError(
+            f"{role} path '{repo_id}' is not a local folder and its config could not be fetched from the "
+            f"Hugging Face hub ({reason})"
+        ) from None
+    finally:
+        hub_logger.setLevel(level)
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a config (multimodal models such as Qwen3.6 nest it in ``text_config``)."""
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) else config
+
+
+def check_tensor_parallel_size(config: dict[str, Any], tp_size: int, model_path: str) -> None:
+    """Refuse a TP size that SGLang cannot shard this model's heads over.
+
+    Query heads and linear-attention (GDN) heads are split across ranks, so ``tp_size`` must divide them;
+    KV heads are split when there are at least ``tp_size`` of them and replicated otherwise, so one count
+    must divide the other.
+    """
+    if tp_size < 1:
+        raise ModelConfigError(f"--tp must be a positive integer, got {tp_size}")
+    cfg = text_config(config)
+    for field in ("num_attention_heads", "linear_num_key_heads", "linear_num_value_heads"):
+        heads = cfg.get(field)
+        if isinstance(heads, int) and heads % tp_size:
+            raise ModelConfigError(
+                f"--tp {tp_size} does not divide {field}={heads} of '{model_path}'"
+            )
+    kv_heads = cfg.get("num_key_value_heads")
+    if isinstance(kv_heads, int) and kv_heads % tp_size and tp_size % kv_heads:
+        raise ModelConfigError(
+            f"--tp {tp_size} and num_key_value_heads={kv_heads} of '{model_path}' do not divide one another"
+        )
+
+
+MTP_LAYER_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+
+
+def num_mtp_layers(config: dict[str, Any]) -> int:
+    """Number of multi-token-prediction layers a checkpoint ships (0 when it has none)."""
+    for cfg in (config, text_config(config)):
+        for field in MTP_LAYER_FIELDS:
+            value = cfg.get(field)
+            if isinstance(value, int) and value > 0:
+                return value
+    return 0
+
+
+def dflash_block_size(config: dict[str, Any], drafter_path: str) -> int:
+    """The block size a DFlash drafter was trained with (top level or ``dflash_config``), as SGLang reads it."""
+    if "DFlashDraftModel" not in (config.get("architectures") or []) and "dflash_config" not in config:
+        raise ModelConfigError(
+            f"drafter '{drafter_path}' is not a DFlash drafter (architectures={config.get('architectures')})"
+        )
+    dflash_config = config.get("dflash_config") or {}
+    block_size = config.get("block_size", dflash_config.get("block_size", 16))
+    if not isinstance(block_size, int) or block_size < 2:
+        raise ModelConfigError(f"drafter '{drafter_path}' has an invalid block_size={block_size!r}")
+    return block_size

@@ -1,0 +1,61 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``, name ``ddtree``).
+
+SGLang calls :func:`register` through ``load_plugins()`` in every process it starts: the launcher, the engine
+and each spawned scheduler (spawned children inherit nothing from their parent's imports). The call must
+therefore be cheap, import nothing heavy at module level and be idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sglang_ddtree
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+_SCHEDULER_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
+_EXTEND_FORWARD_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
+_registered = False
+
+
+def report_plugin_in_internal_state(
+    output: GetInternalStateReqOutput, *args: Any, **kwargs: Any
+) -> GetInternalStateReqOutput:
+    """Add the plugin version to each scheduler's ``/server_info`` ``internal_states`` entry.
+
+    It proves, from the outside, that the plugin was loaded inside the scheduler process that serves the
+    requests (the benchmark records it with every run).
+    """
+    output.internal_state["sglang_ddtree_version"] = sglang_ddtree.__version__
+    return output
+
+
+def keep_input_embeds_in_model_dtype(
+    original, runner: ModelRunner, forward_batch: ForwardBatch, *args: Any, **kwargs: Any
+) -> dict[str, Any]:
+    """Feed ``input_embeds`` to the model in the runner's dtype instead of always in bfloat16.
+
+    SGLang 0.5.17 casts ``forward_batch.input_embeds`` to bfloat16 unconditionally
+    (``ModelRunner._extend_forward_kwargs``). The DFlash drafter receives its block embeddings that way, so
+    any float16/float32 target fails with a dtype mismatch in the drafter's first linear layer, and
+    float32 is what the exactness tests need. Multimodal replacement embeddings keep upstream's path.
+    """
+    forward_kwargs = original(runner, forward_batch, *args, **kwargs)
+    if forward_batch.input_embeds is not None and forward_batch.replace_embeds is None:
+        forward_kwargs["input_embeds"] = forward_batch.input_embeds.to(runner.dtype)
+    return forward_kwargs
+
+
+def register() -> None:
+    """Register this package's hooks with SGLang; safe to call any number of times per process."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
+    HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
+    _registered = True

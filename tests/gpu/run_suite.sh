@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Run the GPU suite on the H200 machine (no network there). From the repository root:
+#   bash tests/gpu/run_suite.sh [pytest args...]        e.g.  -k flashinfer
+# Expects .whl/wheelhouse.tar.xz (built on a networked machine by shared/device/build_wheelhouse.sh --xz).
+# Optional: .gpu/jitcache.tgz (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces).
+# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings) and $OUT/jitcache.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/gpu_suite_out}
+SITE=/tmp/site JIT=/tmp/jit
+mkdir -p "$OUT" "$JIT"
+T0=$(date +%s)
+
+if [ ! -d "$SITE/sglang" ]; then
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
+    .whl/wheelhouse.tar.xz /tmp/wheelhouse || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" /tmp/wheelhouse/*.whl || exit 1
+fi
+# The package itself (with its sglang.srt.plugins entry point), beside SGLang.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" . || exit 1
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+export SGLANG_ENABLE_JIT_DEEPGEMM=0 FLASHINFER_WORKSPACE_BASE=$JIT TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton
+if [ -f .gpu/jitcache.tgz ] && [ ! -f "$JIT/.restored" ]; then
+  tar -xzf .gpu/jitcache.tgz -C "$JIT" && touch "$JIT/.restored"
+fi
+echo "setup: $(( $(date +%s) - T0 ))s" | tee "$OUT/gpu_suite.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu_suite.log"
+
+export GPU_SUITE_MODELS=/tmp/tiny_models GPU_SUITE_REPORT="$OUT/gpu_suite.jsonl"
+[ -d "$GPU_SUITE_MODELS/qwen3" ] || python3 tests/tiny_models.py --out "$GPU_SUITE_MODELS" >>"$OUT/gpu_suite.log" 2>&1
+python3 -m pytest -m gpu -p no:cacheprovider -v -rA tests/gpu "$@" 2>&1 | tee -a "$OUT/gpu_suite.log"
+rc=${PIPESTATUS[0]}
+tar -czf "$OUT/jitcache.tgz" -C "$JIT" --exclude=.restored . 2>/dev/null
+echo "suite exit $rc after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/gpu_suite.log"
+exit "$rc"

@@ -1,0 +1,36 @@
+"""GPU suite (H200): ``python -m sglang_ddtree.launch --algo ar`` with no model path serves real SmolLM2 text.
+
+The GPU machine has no network: ``SGLANG_DDTREE_DEMO_GGUF`` names the GGUF pieces that were carried there.
+"""
+
+import os
+import time
+
+import pytest
+
+from support import free_port, http_json, launched_server
+from test_gpu_servers import record
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.skipif(not os.environ.get("SGLANG_DDTREE_DEMO_GGUF"), reason="SmolLM2 GGUF pieces not carried")
+@pytest.mark.parametrize("backend", ["flashinfer"])
+def test_demo_model_serves_real_text(backend):
+    t0 = time.perf_counter()
+    flags = ["--algo", "ar", "--attention-backend", backend, "--mem-fraction-static", "0.3",
+             "--context-length", "4096", "--cuda-graph-max-bs", "8"]  # fmt: skip
+    with launched_server(flags, free_port(), ready_timeout=540) as url:
+        start_seconds = time.perf_counter() - t0
+        question = {"role": "user", "content": "What is the capital of France?"}
+        t1 = time.perf_counter()
+        chat = http_json(url + "/v1/chat/completions",
+                         {"model": "default", "messages": [question], "max_tokens": 24, "temperature": 0})
+        chat_seconds = time.perf_counter() - t1
+        answer = chat["choices"][0]["message"]["content"]
+        generated = http_json(url + "/generate", {"text": "def add(a, b):\n    return",
+                                                  "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    record({"test": "demo_smollm2", "backend": backend, "server_start_s": round(start_seconds, 1),
+            "chat_s": round(chat_seconds, 3), "answer": answer, "generate": generated["text"]})  # fmt: skip
+    assert "Paris" in answer
+    assert "a + b" in generated["text"] or "a+b" in generated["text"]

@@ -1,0 +1,141 @@
+"""Helpers shared by the tests that start real SGLang engines and servers in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+ENGINE_SCRIPT = os.path.join(TESTS_DIR, "engine_generate.py")
+
+# Engine settings that make SGLang's CPU engine fit the CI machine (2 cores, no GPU).
+CPU_ENGINE_ARGS = {
+    "device": "cpu",
+    "mem_fraction_static": 0.3,
+    "max_total_tokens": 4096,
+    "disable_cuda_graph": True,
+    "log_level": "error",
+}
+
+
+def run_engine_generate(
+    engine_args: dict[str, Any],
+    input_ids: list[list[int]],
+    sampling_params: dict[str, Any],
+    concurrent: bool = False,
+    timeout: float = 600,
+) -> dict[str, Any]:
+    """Run ``sglang.Engine(**engine_args).generate(...)`` in a fresh process and return its JSON report.
+
+    A separate process per engine keeps SGLang's scheduler children, signal handlers and global state out of
+    the test process, and lets a hung engine be killed as a process group.
+    """
+    request = {
+        "engine_args": engine_args,
+        "input_ids": input_ids,
+        "sampling_params": sampling_params,
+        "concurrent": concurrent,
+    }
+    proc = subprocess.Popen(
+        [sys.executable, ENGINE_SCRIPT, json.dumps(request)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"engine run timed out after {timeout}s:\n{stderr[-4000:]}")
+    if proc.returncode != 0:
+        raise AssertionError(f"engine run failed (exit {proc.returncode}):\n{stderr[-6000:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+@contextmanager
+def launched_server(args: list[str], port: int, env: dict[str, str] | None = None, ready_timeout: float = 300):
+    """Start ``python -m sglang_ddtree.launch ARGS --port PORT`` and yield its base URL once /health is 200."""
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang_ddtree_server_{port}.log"), "w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(proc, base_url, log, ready_timeout)
+        yield base_url
+    finally:
+        _stop(proc)
+        log.close()
+
+
+def _wait_healthy(proc: subprocess.Popen, base_url: str, log, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    raise AssertionError(f"server not healthy after {timeout}s:\n{_tail(log)}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _tail(log, chars: int = 6000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read()[-chars:]
+
+
+@contextmanager
+def env_vars(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
