@@ -28,7 +28,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 export GPU_SUITE_MODELS=/tmp/tiny_models GPU_SUITE_REPORT="$OUT/gpu_suite.jsonl"
 [ -d "$GPU_SUITE_MODELS/qwen3" ] || python3 tests/tiny_models.py --out "$GPU_SUITE_MODELS" >>"$OUT/gpu_suite.log" 2>&1
-python3 -m pytest -m gpu -p no:cacheprovider -v -rA tests/gpu "$@" 2>&1 | tee -a "$OUT/gpu_suite.log"
+# A deadline inside the script, so the JIT cache is still packed when a run is cut short.
+timeout "${GPU_SUITE_TIMEOUT:-3000}" python3 -m pytest -m gpu -p no:cacheprovider -v -rA tests/gpu "$@" 2>&1 \
+  | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/jitcache.tgz" -C "$JIT" --exclude=.restored . 2>/dev/null
 echo "suite exit $rc after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/gpu_suite.log"
