@@ -2,8 +2,8 @@
 # Run the GPU suite on the H200 machine (no network there). From the repository root:
 #   bash tests/gpu/run_suite.sh [pytest args...]        e.g.  -k flashinfer
 # Expects .whl/wheelhouse.tar.xz (built on a networked machine by shared/device/build_wheelhouse.sh --xz).
-# Optional: .gpu/jitcache.tgz (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces).
-# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings) and $OUT/jitcache.tgz.
+# Optional: .gpu/jitcache.tgz.part* (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces).
+# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings) and $OUT/jitcache.tgz.part*.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_suite_out}
@@ -20,8 +20,8 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" . || exit 1
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 export SGLANG_ENABLE_JIT_DEEPGEMM=0 FLASHINFER_WORKSPACE_BASE=$JIT TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton
-if [ -f .gpu/jitcache.tgz ] && [ ! -f "$JIT/.restored" ]; then
-  tar -xzf .gpu/jitcache.tgz -C "$JIT" && touch "$JIT/.restored"
+if ls .gpu/jitcache.tgz.part* >/dev/null 2>&1 && [ ! -f "$JIT/.restored" ]; then
+  cat .gpu/jitcache.tgz.part* | tar -xzf - -C "$JIT" && touch "$JIT/.restored"
 fi
 echo "setup: $(( $(date +%s) - T0 ))s" | tee "$OUT/gpu_suite.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu_suite.log"
@@ -32,6 +32,7 @@ export GPU_SUITE_MODELS=/tmp/tiny_models GPU_SUITE_REPORT="$OUT/gpu_suite.jsonl"
 timeout "${GPU_SUITE_TIMEOUT:-3000}" python3 -m pytest -m gpu -p no:cacheprovider -v -rA tests/gpu "$@" 2>&1 \
   | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
-tar -czf "$OUT/jitcache.tgz" -C "$JIT" --exclude=.restored . 2>/dev/null
+# Pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each.
+tar -czf - -C "$JIT" --exclude=.restored . 2>/dev/null | split -b 15M -d - "$OUT/jitcache.tgz.part"
 echo "suite exit $rc after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/gpu_suite.log"
 exit "$rc"

@@ -59,12 +59,14 @@ def greedy(url: str, max_new_tokens: int = NEW_TOKENS) -> tuple[dict, float]:
     return out, time.perf_counter() - start
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def servers(request):
-    """All algorithms of one attention backend, started side by side; yields {algo: (url, start seconds)}."""
-    backend = request.param
+@pytest.fixture(scope="module")
+def servers():
+    """Every (algorithm, backend) server, started side by side so their JIT builds overlap.
 
-    def start(stack: ExitStack, algo: str):
+    Yields {(algo, backend): (url, seconds to healthy)}.
+    """
+
+    def start(stack: ExitStack, algo: str, backend: str):
         t0 = time.perf_counter()
         url = stack.enter_context(
             launched_server(
@@ -73,17 +75,17 @@ def servers(request):
                 ready_timeout=540,
             )
         )
-        return algo, url, time.perf_counter() - t0
+        return (algo, backend), (url, time.perf_counter() - t0)
 
-    with ExitStack() as stack, ThreadPoolExecutor(len(ALGO_ARGS)) as pool:
-        started = list(pool.map(lambda algo: start(stack, algo), ALGO_ARGS))
-        yield backend, {algo: (url, seconds) for algo, url, seconds in started}
+    combos = [(algo, backend) for backend in BACKENDS for algo in ALGO_ARGS]
+    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
+        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("algo", list(ALGO_ARGS))
-def test_algorithm_serves_with_cuda_graphs(servers, algo):
-    backend, by_algo = servers
-    url, start_seconds = by_algo[algo]
+def test_algorithm_serves_with_cuda_graphs(servers, algo, backend):
+    url, start_seconds = servers[algo, backend]
     info = http_json(url + "/server_info")
     assert info["internal_states"][0]["sglang_ddtree_version"] == sglang_ddtree.__version__
     assert info["disable_cuda_graph"] is False
@@ -107,10 +109,10 @@ def test_algorithm_serves_with_cuda_graphs(servers, algo):
     )  # fmt: skip
 
 
-def test_dflash_greedy_output_equals_ar_on_the_same_backend(servers):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dflash_greedy_output_equals_ar_on_the_same_backend(servers, backend):
     """Random tiny models in bf16: logits are far from ties, so the outputs must agree token for token."""
-    backend, by_algo = servers
-    ar, _ = greedy(by_algo["ar"][0])
-    dflash, _ = greedy(by_algo["dflash"][0])
+    ar, _ = greedy(servers["ar", backend][0])
+    dflash, _ = greedy(servers["dflash", backend][0])
     record({"test": "dflash_equals_ar", "backend": backend, "equal": ar["output_ids"] == dflash["output_ids"]})
     assert dflash["output_ids"] == ar["output_ids"]
