@@ -125,14 +125,15 @@ def make_dflash_drafter(
 def make_mtp_target(out_dir: str, shape: TinyShape = TinyShape()) -> str:
     """A config for a target that carries one MTP layer (SGLang's ``MiMoForCausalLM`` -> ``MiMoMTP``).
 
-    Only the config is written: serve it with ``--load-format dummy`` (random weights for target and MTP).
+    Only the config is written: serve it with ``--load-format dummy`` (random weights for target and MTP)
+    and ``--skip-tokenizer-init`` (for a ``qwen2`` config, transformers loads its own tokenizer class, which
+    turns the word-level test vocabulary into empty prompts).
     """
     config = _qwen3_config(shape).to_dict()
     config.update(model_type="qwen2", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    write_tokenizer(out_dir)
     return out_dir
 
 

@@ -47,6 +47,17 @@ def assign_extend_cache_locs_cpu(
         out_cache_loc[flat : flat + end - start] = req_to_token[row, start:end].to(out_cache_loc.dtype)
 
 
+def assign_draft_cache_locs_contiguous_cpu(
+    req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len, topk, num_steps
+) -> None:
+    """EAGLE drafting: request ``b`` writes its ``topk * num_steps`` draft tokens right after its sequence."""
+    per_request = int(topk) * int(num_steps)
+    for b, (row, seq_len) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+        out_cache_loc[b * per_request : (b + 1) * per_request] = req_to_token[
+            row, seq_len : seq_len + per_request
+        ].to(out_cache_loc.dtype)
+
+
 def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride) -> None:
     """``bonus[b] = accept_tokens[b, accept_lens[b] - 1]`` over a flattened ``[bs, accept_stride]`` buffer."""
     last = torch.arange(accept_lens.numel()) * accept_stride + accept_lens.long() - 1
@@ -58,6 +69,13 @@ def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_
     flat = accept_index.reshape(-1)
     accepted = flat[flat > -1].long()
     accept_out_cache_loc[: accepted.numel()] = out_cache_loc[accepted].to(accept_out_cache_loc.dtype)
+
+
+def build_tree_kernel_efficient_cpu(*args, **kwargs) -> None:
+    """EAGLE tree tensors: SGLang's own Triton version (the XPU path), run by the Triton interpreter."""
+    from sglang.srt.speculative.eagle_utils import sgl_build_tree_kernel_triton
+
+    sgl_build_tree_kernel_triton(*args, **kwargs)
 
 
 def verify_tree_greedy_cpu(
