@@ -1,4 +1,4 @@
-"""Subprocess body of ``support.run_engine_generate``: one engine, one generate call, one JSON line out."""
+"""Subprocess body of ``support.run_engine_generate``: one engine, its generate calls, one JSON line out."""
 
 import json
 import sys
@@ -11,18 +11,19 @@ def main() -> None:
     engine = sglang.Engine(skip_tokenizer_init=True, **request["engine_args"])
     try:
         prompts, params = request["input_ids"], request["sampling_params"]
-        if request["concurrent"]:
-            outputs = engine.generate(input_ids=prompts, sampling_params=params)
-        else:
-            outputs = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompts]
-        server_info = engine.get_server_info()
+        report = {}
+        for mode in request["modes"]:
+            if mode == "concurrent":  # one batch: the scheduler runs the requests together
+                outputs = engine.generate(input_ids=prompts[: request["concurrent_requests"]], sampling_params=params)
+            else:
+                outputs = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompts]
+            report[mode] = {
+                "output_ids": [o["output_ids"] for o in outputs],
+                "meta_info": [o["meta_info"] for o in outputs],
+            }
+        report["scheduler_states"] = engine.get_server_info()["internal_states"]
     finally:
         engine.shutdown()
-    report = {
-        "output_ids": [o["output_ids"] for o in outputs],
-        "meta_info": [o["meta_info"] for o in outputs],
-        "scheduler_states": server_info["internal_states"],
-    }
     print(json.dumps(report, default=str))
 
 

@@ -17,6 +17,8 @@ from typing import Any, Iterator
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ENGINE_SCRIPT = os.path.join(TESTS_DIR, "engine_generate.py")
 
+CONCURRENT_REQUESTS = 4
+
 # Engine settings that make SGLang's CPU engine fit the CI machine (2 cores, no GPU).
 CPU_ENGINE_ARGS = {
     "device": "cpu",
@@ -31,10 +33,14 @@ def run_engine_generate(
     engine_args: dict[str, Any],
     input_ids: list[list[int]],
     sampling_params: dict[str, Any],
-    concurrent: bool = False,
-    timeout: float = 600,
+    modes: tuple[str, ...] = ("sequential",),
+    timeout: float = 900,
 ) -> dict[str, Any]:
     """Run ``sglang.Engine(**engine_args).generate(...)`` in a fresh process and return its JSON report.
+
+    ``modes``: "sequential" sends the prompts one at a time, "concurrent" sends the first
+    ``CONCURRENT_REQUESTS`` as one batch; the report has
+    ``{mode: {"output_ids": [...], "meta_info": [...]}}`` and the schedulers' ``internal_states``.
 
     A separate process per engine keeps SGLang's scheduler children, signal handlers and global state out of
     the test process, and lets a hung engine be killed as a process group.
@@ -43,7 +49,8 @@ def run_engine_generate(
         "engine_args": engine_args,
         "input_ids": input_ids,
         "sampling_params": sampling_params,
-        "concurrent": concurrent,
+        "modes": list(modes),
+        "concurrent_requests": CONCURRENT_REQUESTS,
     }
     proc = subprocess.Popen(
         [sys.executable, ENGINE_SCRIPT, json.dumps(request)],

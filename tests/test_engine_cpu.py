@@ -45,7 +45,7 @@ def test_ar_engine_loads_plugin_in_scheduler_and_matches_hf_greedy(tiny_pair):
     # The scheduler is a spawned process: its state carries the plugin's mark only if the entry point ran there.
     assert [s.get("sglang_ddtree_version") for s in report["scheduler_states"]] == [sglang_ddtree.__version__]
     expected = [hf_greedy(target, prompt, GREEDY["max_new_tokens"]) for prompt in PROMPTS]
-    assert report["output_ids"] == expected
+    assert report["sequential"]["output_ids"] == expected
 
 
 def test_builtin_dflash_greedy_equals_ar_greedy(tiny_pair):
@@ -57,8 +57,8 @@ def test_builtin_dflash_greedy_equals_ar_greedy(tiny_pair):
         PROMPTS,
         GREEDY,
     )
-    assert dflash["output_ids"] == ar["output_ids"]
+    assert dflash["sequential"]["output_ids"] == ar["sequential"]["output_ids"]
     # Speculation really ran: every request went through verify steps, each committing >= 1 token.
-    for meta in dflash["meta_info"]:
+    for meta in dflash["sequential"]["meta_info"]:
         assert meta["spec_verify_ct"] > 0
         assert meta["spec_accept_length"] >= 1.0
