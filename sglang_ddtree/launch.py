@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sglang_ddtree import model_configs
+from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET, model_configs
 from sglang_ddtree.model_configs import ModelConfigError
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -69,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--draft-model-path", help="DFlash drafter folder or id (dflash, ddtree)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
-    parser.add_argument("--budget", type=int, help="ddtree: tree nodes per request, root excluded")
+    parser.add_argument(
+        "--budget", type=int, help=f"ddtree: tree nodes per request, root excluded (default {DDTREE_DEFAULT_BUDGET})"
+    )
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
     return parser
@@ -122,10 +124,26 @@ def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
 
 
 def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
-    raise LaunchError(
-        "--algo ddtree: the DDTree speculative worker is not part of this sglang-ddtree release yet; "
-        "use --algo dflash for DFlash chain drafting"
-    )
+    if request.tp > 1:
+        raise LaunchError("--algo ddtree does not support --tp > 1 yet (the vocab-sharded tree build is not wired)")
+    budget = DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
+    if budget < 1:
+        raise LaunchError(f"--budget must be at least 1 tree node, got {budget}")
+    drafter_config = model_configs.load_config(request.draft_model_path, role="drafter")
+    block_size = model_configs.dflash_block_size(drafter_config, request.draft_model_path)
+    if 2 * (budget + 1) < block_size:
+        raise LaunchError(
+            f"--budget {budget} is too small for the drafter's block size {block_size}: "
+            f"use at least {(block_size + 1) // 2 - 1}"
+        )
+    return [
+        "--speculative-algorithm", DDTREE_ALGORITHM_NAME,
+        "--speculative-draft-model-path", request.draft_model_path,
+        "--speculative-num-draft-tokens", str(budget + 1),
+        "--speculative-dflash-block-size", str(block_size),
+        # The tree mask is not captured in the target's CUDA graphs yet; DDTREE refuses graphs until it is.
+        "--cuda-graph-backend-decode", "disabled",
+    ]  # fmt: skip
 
 
 _ALGORITHM_FLAGS: dict[str, Callable[[LaunchRequest, dict], list[str]]] = {

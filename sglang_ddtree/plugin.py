@@ -58,4 +58,25 @@ def register() -> None:
 
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
     HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
+    _register_ddtree_algorithm()
     _registered = True
+
+
+def _ddtree_worker_class(server_args):
+    from sglang_ddtree.ddtree_worker import DDTreeWorker
+
+    return DDTreeWorker
+
+
+def _register_ddtree_algorithm() -> None:
+    """Make ``--speculative-algorithm DDTREE`` resolvable in this process (SGLang keeps a per-process registry)."""
+    from sglang.srt.speculative import spec_registry
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from sglang_ddtree.ddtree_spec import DDTreeSpecAlgo
+
+    if spec_registry.get_spec(sglang_ddtree.DDTREE_ALGORITHM_NAME) is None:
+        register = SpeculativeAlgorithm.register(
+            sglang_ddtree.DDTREE_ALGORITHM_NAME, supports_overlap=True, spec_class=DDTreeSpecAlgo
+        )
+        register(_ddtree_worker_class)

@@ -77,10 +77,19 @@ def test_dflash_uses_builtin_worker_with_the_drafters_block_size(models):
     assert flag(argv, "--speculative-num-draft-tokens") == "6"
 
 
-def test_ddtree_is_refused_clearly_until_its_worker_exists(models):
-    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
-                    "--dry-run")  # fmt: skip
-    assert_one_line_error(result, "--algo ddtree", "not part of this sglang-ddtree release")
+def test_ddtree_verifies_budget_plus_root_tree_nodes_with_the_drafters_block(models):
+    argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                        "--budget", "16")  # fmt: skip
+    assert flag(argv, "--speculative-algorithm") == "DDTREE"
+    assert flag(argv, "--speculative-draft-model-path") == models["drafter"]
+    assert flag(argv, "--speculative-num-draft-tokens") == "17"
+    assert flag(argv, "--speculative-dflash-block-size") == "6"
+    assert flag(argv, "--cuda-graph-backend-decode") == "disabled"
+
+
+def test_ddtree_budget_defaults_to_32(models):
+    argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"])
+    assert flag(argv, "--speculative-num-draft-tokens") == "33"
 
 
 def test_unknown_flags_pass_through_unchanged_and_last(models):
@@ -109,11 +118,16 @@ def test_without_model_path_the_embedded_demo_model_is_served(models, tmp_path):
         (["--algo", "ar", "--tp", "0"], ["--tp must be a positive integer"]),
         (["--algo", "mtp"], ["--algo mtp needs a target that ships MTP layers", "num_nextn_predict_layers"]),
         (["--algo", "ar", "--budget", "8"], ["--budget only applies to --algo ddtree"]),
+        (["--algo", "ddtree", "--draft-model-path", "{drafter}", "--budget", "0"], ["--budget must be at least 1"]),
+        (["--algo", "ddtree", "--draft-model-path", "{drafter}", "--budget", "1"],
+         ["--budget 1 is too small for the drafter's block size 6", "at least 2"]),
+        (["--algo", "ddtree", "--draft-model-path", "{drafter}", "--tp", "2"], ["--algo ddtree does not support --tp > 1"]),
         (["--algo", "ar", "--speculative-algorithm", "EAGLE"], ["use the launcher's --algo"]),
         (["--algo", "ar", "--tp-size=2"], ["use the launcher's --tp"]),
     ],
 )
 def test_bad_requests_fail_with_one_readable_line(models, args, fragments):
+    args = [arg.format(drafter=models["drafter"]) for arg in args]
     assert_one_line_error(launch("--model-path", models["target"], *args, "--dry-run"), *fragments)
 
 

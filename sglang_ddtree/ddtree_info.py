@@ -1,0 +1,28 @@
+"""Verify-step data of DDTree: an ``EagleVerifyInput`` whose tree has an irregular shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+
+@dataclass
+class DDTreeVerifyInput(EagleVerifyInput):
+    """A best-first DDTree flattened in pop order (root first, parent < child, siblings increasing).
+
+    SGLang's tree verification (``run_eagle_verify``: tree attention mask, greedy/sampled acceptance,
+    KV compaction, GDN tree path) reads any tree given as first-child/next-sibling links; only the
+    two shape properties below differ from EAGLE's per-level top-k trees.
+    """
+
+    @property
+    def max_tree_depth(self) -> int:
+        """Longest root-to-leaf chain incl. the root: one node per draft position (``spec_steps``), and never
+        more than the tree's nodes (a budget below the block size caps the depth)."""
+        return min(self.spec_steps + 1, self.draft_token_num)
+
+    @property
+    def tree_topk(self) -> int:
+        """Irregular tree (per-depth branching follows the budget), as for NGRAM."""
+        return -1

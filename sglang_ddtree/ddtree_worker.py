@@ -1,0 +1,202 @@
+"""DDTree speculative worker: one DFlash drafter pass -> a draft tree built on the GPU -> one tree verify.
+
+Per decode step, for a batch of requests with independent trees:
+
+1. Draft: the DFlash drafter runs the block ``[bonus, MASK x (block-1)]`` of every request (DFlash's draft
+   KV cache, block preparation kernel and draft model runner, reused from ``DFlashWorkerV2``).
+2. Tree: the drafter's logits at the block-1 masked positions go through the Triton tree kernels
+   (per-depth top-K, best-first expansion under the node budget, verify tensors and the FULL tree mask).
+3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
+   tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
+   accepted nodes' KV to the front and commits the recurrent state of hybrid models.
+4. Draft context: the target's hidden features of the committed tokens are written into the draft KV
+   cache, as DFlash does for its chain.
+
+Prefill and idle batches are DFlash's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+
+import torch
+from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
+from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
+from sglang_ddtree.kernels.tree_verify_tensors import full_mask_numel
+from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree
+
+logger = logging.getLogger(__name__)
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    def __init__(self, server_args: ServerArgs, gpu_id: int, ps, nccl_port: int, target_worker) -> None:
+        self.tree_width = int(server_args.speculative_num_draft_tokens)
+        self.budget = self.tree_width - 1
+        block_size = int(server_args.speculative_dflash_block_size)
+        # The DFlash machinery underneath drafts one block per request with a chain-shaped draft runner.
+        draft_args = copy.deepcopy(server_args)
+        draft_args.override("ddtree.worker", speculative_num_draft_tokens=block_size, speculative_eagle_topk=1)
+        super().__init__(
+            server_args=draft_args, gpu_id=gpu_id, ps=ps, nccl_port=nccl_port, target_worker=target_worker
+        )
+        self.speculative_num_draft_tokens = self.tree_width
+        self.vocab_size = int(self.model_runner.model_config.vocab_size)
+
+    def _maybe_build_draft_sampler(self):
+        """No greedy head in the draft graph: the tree needs the drafter's hidden states, not its argmax."""
+        return None
+
+    def forward_batch_generation(
+        self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
+    ) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
+            result.speculative_num_draft_tokens = self.tree_width
+            return result
+        if getattr(batch, "return_logprob", False):
+            raise ValueError("DDTREE speculative decoding does not support return_logprob.")
+        self._validate_phase1_sampling_support(batch)
+        draft_input = batch.spec_info
+        if not isinstance(draft_input, DFlashDraftInputV2):
+            raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+
+        prefix_lens = batch.seq_lens
+        draft_hidden = self._draft_block(batch, draft_input)
+        tree = build_ddtree(
+            self._draft_logits(draft_hidden[:, 1:, :]),
+            self.budget,
+            root_tokens=draft_input.bonus_tokens,
+            seq_lens=prefix_lens,
+            seq_lens_sum=self._seq_lens_upper_bound(batch, draft_input),
+        )
+        batch.spec_info = self._verify_input(tree, batch)
+        result = run_eagle_verify(
+            batch,
+            target_worker=self.target_worker,
+            req_to_token_pool=self.model_runner.req_to_token_pool,
+            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+            plan_stream=None,
+            plan_stream_ctx=contextlib.nullcontext(),
+            topk=TREE_MODE_TOPK,
+            num_steps=self.block_size - 1,
+            num_draft_tokens=self.tree_width,
+            device=self.device,
+            metadata_ready_pre_pad=False,
+            finalize_tree_path=True,
+            grammar_barrier=grammar_barrier,
+        )
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        self._append_committed_to_draft_kv(batch, prefix_lens, result)
+        result.logits_output.hidden_states = None  # not copied to the host under overlap scheduling
+        result.next_draft_input = make_draft_input_v2(
+            bonus_tokens=result.next_draft_input.bonus_tokens, new_seq_lens=result.new_seq_lens
+        )
+        return result
+
+    def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:
+        """Run the drafter on ``[bonus, MASK...]`` per request; returns its hidden states ``[bs, block, H]``."""
+        bs, block_size = len(batch.seq_lens), int(self.block_size)
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions = self._draft_block_positions_buf[:bs]
+        cache_loc = self._draft_verify_out_cache_loc_buf[:bs]
+        _prepare_dflash_draft_block_unchecked(
+            bonus_tokens=draft_input.bonus_tokens.view(-1),
+            prefix_lens=batch.seq_lens.view(-1),
+            req_pool_indices=batch.req_pool_indices.view(-1),
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            block_ids_out=block_ids,
+            positions_out=positions,
+            cache_loc_out=cache_loc,
+            mask_token_id=int(self._mask_token_id),
+        )
+        embed = self.target_worker.model_runner.model.get_input_embeddings()
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        seq_lens_cpu.copy_(self._host_seq_lens(batch, draft_input))
+        seq_lens_cpu.add_(block_size)
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            out_cache_loc=cache_loc.reshape(-1),
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions.reshape(-1),
+            input_embeds=embed(block_ids).view(bs * block_size, -1),
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        with torch.inference_mode():
+            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
+        return hidden.view(bs, block_size, -1)
+
+    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target LM head over the drafter's hidden states of the masked positions: ``[bs, L, V]``."""
+        weight = self.target_worker.model_runner.model.lm_head.weight[: self.vocab_size]
+        return torch.matmul(hidden.to(weight.dtype), weight.t())
+
+    @staticmethod
+    def _host_seq_lens(batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:
+        """Host upper bound of the committed lengths (the host view lags one step under overlap)."""
+        if batch.seq_lens_cpu is not None:
+            return batch.seq_lens_cpu
+        return draft_input.reserved_seq_lens_cpu
+
+    def _seq_lens_upper_bound(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> int:
+        """Size for the FULL tree mask without reading the device lengths: the reserved lengths bound them."""
+        reserved = draft_input.reserved_seq_lens_cpu
+        host = reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
+        return int(host.sum())
+
+    def _verify_input(self, tree: DDTreeTensors, batch: ScheduleBatch) -> DDTreeVerifyInput:
+        return DDTreeVerifyInput(
+            draft_token=tree.draft_token,
+            custom_mask=tree.custom_mask,
+            positions=tree.positions,
+            retrieve_index=tree.retrieve_index,
+            retrieve_next_token=tree.retrieve_next_token,
+            retrieve_next_sibling=tree.retrieve_next_sibling,
+            retrieve_cum_len=None,
+            spec_steps=int(self.block_size) - 1,
+            topk=TREE_MODE_TOPK,
+            draft_token_num=self.tree_width,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=batch.seq_lens_sum,
+            seq_lens_cpu=batch.seq_lens_cpu,
+        )
+
+    def _append_committed_to_draft_kv(
+        self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult
+    ) -> None:
+        """Write the target features of the committed tokens (compacted to the front of each request's
+        verify block, KV included) into the draft KV cache, at their final slots."""
+        bs = len(prefix_lens)
+        width = min(self.tree_width, int(self.block_size))
+        hidden = result.logits_output.hidden_states.view(bs, self.tree_width, -1)[:, :width]
+        cache_loc_2d = batch.out_cache_loc.view(bs, self.tree_width)[:, :width]
+        positions = prefix_lens.view(-1, 1) + torch.arange(width, device=prefix_lens.device)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden.reshape(-1, hidden.shape[-1]),
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=positions.reshape(-1),
+            commit_lens=result.accept_lens.to(torch.int32),
+        )

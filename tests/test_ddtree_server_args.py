@@ -1,0 +1,52 @@
+"""How SGLang resolves ``--speculative-algorithm DDTREE`` once the plugin is loaded (no engine is started)."""
+
+import pytest
+
+from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("args_models")
+    target = make_qwen3_target(str(root / "qwen3"), TinyShape(num_layers=4))
+    drafter = make_dflash_drafter(str(root / "dflash"), target_num_layers=4, block_size=8, target_layer_ids=[0, 2])
+    return target, drafter
+
+
+def server_args(models, *extra: str):
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+
+    load_plugins()
+    target, drafter = models
+    return prepare_server_args(
+        ["--model-path", target, "--device", "cpu", "--speculative-algorithm", "DDTREE",
+         "--speculative-draft-model-path", drafter, *extra]
+    )  # fmt: skip
+
+
+def test_tree_width_block_size_and_tree_mode_are_resolved(models):
+    args = server_args(models, "--speculative-num-draft-tokens", "17", "--disable-cuda-graph")
+    assert args.speculative_num_draft_tokens == 17  # budget 16 + root
+    assert args.speculative_dflash_block_size == 8  # from the drafter's config
+    assert args.speculative_num_steps == 7  # draft positions per block
+    assert args.speculative_eagle_topk == 2  # SGLang's tree paths on
+    assert args.enable_mixed_chunk is False
+
+
+def test_default_budget_is_32(models):
+    assert server_args(models, "--disable-cuda-graph").speculative_num_draft_tokens == 33
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "DDTREE does not capture its tree mask in CUDA graphs yet"),
+        (["--disable-cuda-graph", "--speculative-num-draft-tokens", "3"], "budget 2 is too small for drafter block"),
+        (["--disable-cuda-graph", "--speculative-num-draft-tokens", "1"], "needs --speculative-num-draft-tokens >= 2"),
+        (["--disable-cuda-graph", "--speculative-draft-window-size", "16"], "--speculative-draft-window-size"),
+    ],
+)
+def test_unsupported_settings_are_refused_with_the_reason(models, extra, message):
+    with pytest.raises(ValueError, match=message):
+        server_args(models, *extra)
