@@ -181,10 +181,15 @@ def bench_topk(timer: Timer, bs: int, budget: int, vocab: int, args) -> List[dic
 
     triton_call()
     torch_logq, _ = torch_topk_logprobs(logits, k)
-    picked = logits.float().gather(-1, out_tokens)  # ties may be ordered differently by torch.topk
-    same = torch.equal(picked, torch.topk(logits.float(), k, dim=-1).values)
+    # An id outside [0, V) must read as a MISMATCH, not as a device-side assert in gather that
+    # ends the whole run (and every later CUDA call of the process).
+    bad_ids = int(((out_tokens < 0) | (out_tokens >= vocab)).sum())
+    # Compare logits, not ids: torch.topk may order equal logits differently.
+    picked = logits.float().gather(-1, out_tokens.clamp(0, vocab - 1))
+    same = bad_ids == 0 and torch.equal(picked, torch.topk(logits.float(), k, dim=-1).values)
     close = torch.allclose(out_logq, torch_logq, rtol=1e-5, atol=1e-4)
-    common = dict(op="a_topk", bs=bs, budget=budget, vocab=vocab, check="ok" if same and close else "MISMATCH")
+    check = "ok" if same and close else "MISMATCH"
+    common = dict(op="a_topk", bs=bs, budget=budget, vocab=vocab, check=check, bad_token_ids=bad_ids)
     return [
         dict(common, impl="triton", mode="eager", us=timer.gpu_us(triton_call)),
         dict(common, impl="triton", mode="graph", us=timer.graph_us(triton_call)),

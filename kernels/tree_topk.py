@@ -17,9 +17,10 @@ packing the source's (max logit, sum of exp(logit - max)) as two float32 bit pat
    the final round decodes keys into (log-prob, token).
 
 Selection is a bitonic top-K network (sort runs of ``KP`` keys, then repeatedly keep the
-element-wise max of run pairs and re-merge), built from reshape/sum/max/where only: it needs
-far fewer stages than a full sort, and ``tl.sort`` is unusably slow under TRITON_INTERPRET.
-Merges skip the run-sorting phase because source records are already sorted.
+element-wise max of run pairs and re-merge), built from gather/maximum/minimum/where only (no
+reductions: see :func:`_compare_exchange`): it needs far fewer stages than a full sort, and
+``tl.sort`` is unusably slow under TRITON_INTERPRET. Merges skip the run-sorting phase because
+source records are already sorted.
 
 Tensor parallelism: each rank runs steps 1-2 on its vocab shard, stopping at one record per
 row (:func:`local_topk_payload`); the ``[bs, L, KP + 1]`` int64 payload is all-gathered in
@@ -79,41 +80,23 @@ def _unpack_stats(word):
 
 
 @triton.jit
-def _split_pairs(x, J: tl.constexpr, N: tl.constexpr):
-    """View ``N`` keys as ``[N >> (J + 1), 2, 2**J]`` and return the two halves (``[:, 0, :]``,
-    ``[:, 1, :]``), each ``[N >> (J + 1), 2**J]``.
-
-    Pure data movement (permute + split), on purpose: the obvious ``tl.sum(tl.where(side == 0,
-    pairs, 0), 1)`` is a reduction over the size-2 axis, and Triton 3.6 miscompiles that
-    reduction for some layouts it infers here (size-2 axis across warps, a lane bit replicated):
-    two warps write their partials to the same shared-memory word, so the result depends on
-    which store lands last. That corrupted keys (sums of two keys) in the 64-source merge of
-    K = 64 (``G * KP = 4096`` keys, 8 warps) and produced token ids outside the vocabulary.
-    """
-    if J == 0:  # adjacent keys: no size-1 axis (it makes Triton's layout passes slow to compile)
-        left, right = tl.split(tl.reshape(x, [N >> 1, 2]))
-        return left[:, None], right[:, None]
-    return tl.split(tl.permute(tl.reshape(x, [N >> (J + 1), 2, 1 << J]), (0, 2, 1)))
-
-
-@triton.jit
-def _join_pairs(first, second, J: tl.constexpr, N: tl.constexpr):
-    """Inverse of :func:`_split_pairs`."""
-    if J == 0:
-        return tl.reshape(tl.join(tl.reshape(first, [N >> 1]), tl.reshape(second, [N >> 1])), [N])
-    return tl.reshape(tl.permute(tl.join(first, second), (0, 2, 1)), [N])
-
-
-@triton.jit
 def _compare_exchange(x, J: tl.constexpr, LOG_BLOCK: tl.constexpr, N: tl.constexpr):
     """One bitonic step on keys ``2**J`` apart; blocks of ``2**LOG_BLOCK`` keys are ordered
-    descending (even blocks) or ascending (odd blocks)."""
-    left, right = _split_pairs(x, J, N)
-    block = tl.arange(0, N >> (J + 1))[:, None] >> (LOG_BLOCK - 1 - J)
-    descending = (block & 1) == 0
-    hi = tl.maximum(left, right)
-    lo = tl.minimum(left, right)
-    return _join_pairs(tl.where(descending, hi, lo), tl.where(descending, lo, hi), J, N)
+    descending (even blocks) or ascending (odd blocks).
+
+    The partner key is fetched with ``tl.gather`` on purpose. Splitting a
+    ``[N >> (J + 1), 2, 2**J]`` view with ``tl.sum(tl.where(side == 0, pairs, 0), 1)`` instead
+    is a reduction over the size-2 axis, which Triton 3.6 miscompiles for the layout it picks in
+    the 64-record merge at K = 64 (4096 keys, 8 warps; size-2 axis across warps, one lane bit
+    replicated): two warps store different partials to the same shared-memory word, so the
+    result depends on which store lands last, and token ids outside the vocabulary came out.
+    (``tl.split``/``tl.join`` avoid the reduction too, but take minutes to compile for K <= 2.)
+    """
+    i = tl.arange(0, N)
+    partner = tl.gather(x, i ^ (1 << J), 0)
+    descending = ((i >> LOG_BLOCK) & 1) == 0
+    first = ((i >> J) & 1) == 0
+    return tl.where(first == descending, tl.maximum(x, partner), tl.minimum(x, partner))
 
 
 @triton.jit
@@ -127,8 +110,9 @@ def _bitonic_merge(x, LOG_BLOCK: tl.constexpr, N: tl.constexpr):
 @triton.jit
 def _max_of_run_pairs(x, LOG_K: tl.constexpr, SIZE: tl.constexpr):
     """Element-wise max of runs ``2i`` and ``2i + 1`` (``2**LOG_K`` keys each); ``SIZE`` keys out."""
-    left, right = _split_pairs(x, LOG_K, 2 * SIZE)
-    return tl.reshape(tl.maximum(left, right), [SIZE])
+    o = tl.arange(0, SIZE)
+    first = ((o >> LOG_K) << (LOG_K + 1)) | (o & ((1 << LOG_K) - 1))
+    return tl.maximum(tl.gather(x, first, 0), tl.gather(x, first + (1 << LOG_K), 0))
 
 
 @triton.jit

@@ -112,8 +112,10 @@ def test_topk_uses_the_given_buffers():
 def test_topk_large_vocab_k64_merges_64_chunk_records():
     """V = 248320, K = 64: 61 chunk records -> one 64-source merge of 64-key records (8 warps).
 
-    Triton 3.6 miscompiled that merge's sum-based pair split (see ``tree_topk._split_pairs``):
-    on an H200 it returned token ids outside the vocabulary. One row keeps the interpreter fast.
+    Triton 3.6 miscompiled the former sum-based pair split in that merge (see
+    ``tree_topk._compare_exchange``): on an H200 it returned token ids outside the vocabulary.
+    The interpreter cannot see a miscompile, but the GPU suite runs this file too. One row
+    keeps the interpreter fast.
     """
     vocab = 248320
     logits = make_logits(1, 1, vocab, "peaked").to(torch.bfloat16)
