@@ -24,11 +24,17 @@ logger = logging.getLogger(__name__)
 TREE_MODE_TOPK = 2
 
 
-def _decode_cuda_graphs_enabled(server_args: ServerArgs) -> bool:
-    from sglang.srt.model_executor.cuda_graph_config import Backend
+def _check_drafter_matches_target(server_args: ServerArgs) -> None:
+    """Refuse, before any process starts, a drafter whose hidden size, vocabulary, target layers or mask
+    token do not fit the target (the error names the field)."""
+    from sglang_ddtree import model_configs
 
-    config = server_args.cuda_graph_config
-    return config is not None and config.decode.backend != Backend.DISABLED
+    drafter_path = server_args.speculative_draft_model_path
+    model_configs.check_dflash_drafter_matches_target(
+        model_configs.load_config(server_args.model_path),
+        model_configs.load_config(drafter_path, role="drafter"),
+        drafter_path,
+    )
 
 
 class DDTreeSpecAlgo(CustomSpecAlgo):
@@ -71,13 +77,6 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
             raise ValueError("DDTREE does not support --speculative-draft-window-size")
         if server_args.tp_size > 1:
             raise ValueError("DDTREE does not support --tp-size > 1 yet (the vocab-sharded tree build is not wired)")
-        if _decode_cuda_graphs_enabled(server_args):
-            # The target's verify graph would be captured without the tree mask and then verify every tree
-            # as a causal chain: wrong outputs, no error. Refuse until the capture hook exists.
-            raise ValueError(
-                "DDTREE does not capture its tree mask in CUDA graphs yet: pass --disable-cuda-graph "
-                "(or --cuda-graph-backend-decode disabled)"
-            )
         tree_width = server_args.speculative_num_draft_tokens or DDTREE_DEFAULT_BUDGET + 1
         if tree_width < 2:
             raise ValueError(
@@ -89,6 +88,7 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         server_args.speculative_num_steps = None
         server_args.speculative_eagle_topk = None
         speculative_hook._handle_dflash(server_args)
+        _check_drafter_matches_target(server_args)
         block_size = int(server_args.speculative_num_draft_tokens)
         if 2 * tree_width < block_size:
             # The drafter writes its block into the KV slots that DFlash's per-step reservation

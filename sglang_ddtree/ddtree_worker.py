@@ -35,7 +35,6 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
-from sglang_ddtree.kernels.tree_verify_tensors import full_mask_numel
 from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree
 
 logger = logging.getLogger(__name__)

@@ -112,10 +112,17 @@ def _mtp_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     return list(MTP_PRESET)
 
 
-def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
+def _checked_drafter_block_size(request: LaunchRequest, target_config: dict) -> int:
+    """The DFlash drafter's block size, once the drafter is known to fit this target and TP size."""
     drafter_config = model_configs.load_config(request.draft_model_path, role="drafter")
-    model_configs.check_tensor_parallel_size(drafter_config, request.tp, request.draft_model_path)
     block_size = model_configs.dflash_block_size(drafter_config, request.draft_model_path)
+    model_configs.check_dflash_drafter_matches_target(target_config, drafter_config, request.draft_model_path)
+    model_configs.check_tensor_parallel_size(drafter_config, request.tp, request.draft_model_path)
+    return block_size
+
+
+def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
+    block_size = _checked_drafter_block_size(request, target_config)
     return [
         "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", request.draft_model_path,
@@ -129,8 +136,7 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     budget = DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
     if budget < 1:
         raise LaunchError(f"--budget must be at least 1 tree node, got {budget}")
-    drafter_config = model_configs.load_config(request.draft_model_path, role="drafter")
-    block_size = model_configs.dflash_block_size(drafter_config, request.draft_model_path)
+    block_size = _checked_drafter_block_size(request, target_config)
     if 2 * (budget + 1) < block_size:
         raise LaunchError(
             f"--budget {budget} is too small for the drafter's block size {block_size}: "
@@ -141,8 +147,6 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
         "--speculative-draft-model-path", request.draft_model_path,
         "--speculative-num-draft-tokens", str(budget + 1),
         "--speculative-dflash-block-size", str(block_size),
-        # The tree mask is not captured in the target's CUDA graphs yet; DDTREE refuses graphs until it is.
-        "--cuda-graph-backend-decode", "disabled",
     ]  # fmt: skip
 
 

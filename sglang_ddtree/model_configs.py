@@ -111,3 +111,44 @@ def dflash_block_size(config: dict[str, Any], drafter_path: str) -> int:
     if not isinstance(block_size, int) or block_size < 2:
         raise ModelConfigError(f"drafter '{drafter_path}' has an invalid block_size={block_size!r}")
     return block_size
+
+
+def check_dflash_drafter_matches_target(target: dict[str, Any], drafter: dict[str, Any], drafter_path: str) -> None:
+    """Refuse a DFlash drafter that was not built for this target, naming the field that differs.
+
+    The drafter shares the target's embeddings and LM head (so hidden size and vocabulary must agree), reads
+    the hidden states of the target layers it lists, and fills its block with a mask token of the target's
+    vocabulary. SGLang would otherwise fail minutes later inside a scheduler, or not at all (a drafter of
+    another target of the same shape just never gets accepted).
+    """
+    target_cfg, drafter_cfg = text_config(target), text_config(drafter)
+    dflash_cfg = drafter_cfg.get("dflash_config") or {}
+    for field in ("hidden_size", "vocab_size"):
+        want, got = target_cfg.get(field), drafter_cfg.get(field)
+        if isinstance(want, int) and isinstance(got, int) and want != got:
+            raise ModelConfigError(f"drafter '{drafter_path}' has {field}={got} but the target has {field}={want}")
+    num_layers = target_cfg.get("num_hidden_layers")
+    trained_for = drafter_cfg.get("num_target_layers", dflash_cfg.get("num_target_layers"))
+    if isinstance(num_layers, int) and isinstance(trained_for, int) and trained_for != num_layers:
+        raise ModelConfigError(
+            f"drafter '{drafter_path}' has num_target_layers={trained_for} but the target has "
+            f"num_hidden_layers={num_layers}"
+        )
+    layer_ids = dflash_cfg.get("target_layer_ids", drafter_cfg.get("target_layer_ids"))
+    if layer_ids is not None and isinstance(num_layers, int):
+        if not isinstance(layer_ids, list) or not layer_ids or not all(isinstance(i, int) for i in layer_ids):
+            raise ModelConfigError(f"drafter '{drafter_path}' has an invalid target_layer_ids={layer_ids!r}")
+        outside = [i for i in layer_ids if not 0 <= i < num_layers]
+        if outside:
+            raise ModelConfigError(
+                f"drafter '{drafter_path}' has target_layer_ids={layer_ids} but the target has only "
+                f"{num_layers} layers (ids {outside} do not exist)"
+            )
+    mask_token_id = dflash_cfg.get("mask_token_id")
+    vocab_size = target_cfg.get("vocab_size")
+    if mask_token_id is not None and isinstance(vocab_size, int):
+        if not isinstance(mask_token_id, int) or not 0 <= mask_token_id < vocab_size:
+            raise ModelConfigError(
+                f"drafter '{drafter_path}' has mask_token_id={mask_token_id!r}, outside the target's "
+                f"vocabulary (vocab_size={vocab_size})"
+            )

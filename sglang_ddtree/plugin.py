@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 _SCHEDULER_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 _EXTEND_FORWARD_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
+_GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+_DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
 _registered = False
 
 
@@ -29,7 +31,12 @@ def report_plugin_in_internal_state(
     It proves, from the outside, that the plugin was loaded inside the scheduler process that serves the
     requests (the benchmark records it with every run).
     """
+    from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
+
     output.internal_state["sglang_ddtree_version"] = sglang_ddtree.__version__
+    graph_check = graph_verify_check_report()
+    if graph_check is not None:
+        output.internal_state["ddtree_graph_verify_check"] = graph_check
     return output
 
 
@@ -56,8 +63,18 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from sglang_ddtree import ddtree_cuda_graph
+
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
     HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
+    HookRegistry.register(
+        f"{_GRAPH_RUNNER}.get_spec_info", ddtree_cuda_graph.capture_tree_verify_with_mask, HookType.AROUND
+    )
+    HookRegistry.register(_DUMMY_VERIFY_INPUT, ddtree_cuda_graph.warmup_tree_verify_with_mask, HookType.AROUND)
+    if ddtree_cuda_graph.graph_verify_check_requested():
+        HookRegistry.register(
+            f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND
+        )
     _register_ddtree_algorithm()
     _registered = True
 

@@ -83,10 +83,23 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 
         return json.loads(response.read())
 
 
+def record(entry: dict[str, Any]) -> None:
+    """Append one result line to ``$GPU_SUITE_REPORT`` (JSON lines for tests/gpu/RESULTS.md), if it is set."""
+    path = os.environ.get("GPU_SUITE_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def server_log_path(port: int) -> str:
+    """Where :func:`launched_server` writes the server's stdout and stderr."""
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang_ddtree_server_{port}.log")
+
+
 @contextmanager
 def launched_server(args: list[str], port: int, env: dict[str, str] | None = None, ready_timeout: float = 300):
     """Start ``python -m sglang_ddtree.launch ARGS --port PORT`` and yield its base URL once /health is 200."""
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang_ddtree_server_{port}.log"), "w+")
+    log = open(server_log_path(port), "w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
         stdout=log,

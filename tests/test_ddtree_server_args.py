@@ -34,14 +34,15 @@ def test_tree_width_block_size_and_tree_mode_are_resolved(models):
     assert args.enable_mixed_chunk is False
 
 
-def test_default_budget_is_32(models):
-    assert server_args(models, "--disable-cuda-graph").speculative_num_draft_tokens == 33
+def test_default_budget_is_32_and_cuda_graphs_stay_on(models):
+    args = server_args(models)
+    assert args.speculative_num_draft_tokens == 33
+    assert not args.disable_cuda_graph
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
-        ([], "DDTREE does not capture its tree mask in CUDA graphs yet"),
         (["--disable-cuda-graph", "--speculative-num-draft-tokens", "3"], "budget 2 is too small for drafter block"),
         (["--disable-cuda-graph", "--speculative-num-draft-tokens", "1"], "needs --speculative-num-draft-tokens >= 2"),
         (["--disable-cuda-graph", "--speculative-draft-window-size", "16"], "--speculative-draft-window-size"),
@@ -50,3 +51,16 @@ def test_default_budget_is_32(models):
 def test_unsupported_settings_are_refused_with_the_reason(models, extra, message):
     with pytest.raises(ValueError, match=message):
         server_args(models, *extra)
+
+
+def test_drafter_for_another_target_is_refused_before_any_process_starts(models, tmp_path):
+    import json
+    import os
+
+    target, drafter = models
+    with open(os.path.join(drafter, "config.json")) as f:
+        config = json.load(f)
+    config["dflash_config"] = {**config["dflash_config"], "target_layer_ids": [0, 4]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"target_layer_ids=\[0, 4\] but the target has only 4 layers"):
+        server_args((target, str(tmp_path)))

@@ -1,10 +1,13 @@
 """``python -m sglang_ddtree.launch`` serving SGLang's HTTP API on a loopback port (CPU engine)."""
 
+import json
+import urllib.error
+
 import pytest
 
 import sglang_ddtree
-from support import free_port, http_json, launched_server
-from tiny_models import TinyShape, make_qwen3_target
+from support import free_port, http_json, launched_server, server_log_path
+from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +65,52 @@ def test_embedded_demo_model_serves_real_text(tmp_path):
             {"text": "def add(a, b):\n    return", "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
         )
         assert "a + b" in completion["text"] or "a+b" in completion["text"]
+
+
+def http_error(url: str, payload: dict) -> tuple[int, str]:
+    with pytest.raises(urllib.error.HTTPError) as error:
+        http_json(url, payload)
+    return error.value.code, error.value.read().decode()
+
+
+def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp_path):
+    block_size, budget = 4, 8
+    target = make_qwen3_target(str(tmp_path / "qwen3"), TinyShape(num_layers=4, vocab_size=64))
+    drafter = make_dflash_drafter(str(tmp_path / "dflash"), target_num_layers=4, block_size=block_size,
+                                  shape=TinyShape(num_layers=1, vocab_size=64), target_layer_ids=[0, 2])  # fmt: skip
+    port = free_port()
+    args = ["--algo", "ddtree", "--model-path", target, "--draft-model-path", drafter, "--budget", str(budget),
+            *CPU_SERVER_FLAGS, "--attention-backend", "triton", "--dtype", "float32", "--decode-log-interval", "1"]  # fmt: skip
+    with launched_server(args, port) as url:
+        out = http_json(
+            url + "/generate",
+            {"input_ids": [5, 6, 7, 8, 9], "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}},
+        )
+        meta = out["meta_info"]
+        verifies, histogram = meta["spec_verify_ct"], meta["spec_accept_histogram"]
+        accepted_drafts = sum(k * count for k, count in enumerate(histogram))
+        assert len(out["output_ids"]) == meta["completion_tokens"] == 24
+        # One histogram entry per verify, indexed by accepted tree nodes (at most one per draft depth).
+        assert sum(histogram) == verifies and len(histogram) <= block_size
+        assert accepted_drafts == meta["spec_num_correct_drafts"]
+        assert meta["spec_num_proposed_drafts"] == verifies * budget
+        assert accepted_drafts > 0  # the tree was accepted beyond its root at least once
+        # The prefill gives the first token; each verify commits its accepted nodes plus the bonus token, and
+        # the last one may overshoot the limit.
+        assert 24 <= 1 + verifies + accepted_drafts < 24 + block_size
+        assert meta["spec_accept_length"] == pytest.approx(24 / verifies)
+
+        status, body = http_error(
+            url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}, "return_logprob": True}
+        )
+        assert status == 400 and "does not support return_logprob" in json.loads(body)["error"]["message"]
+        status, body = http_error(
+            url + "/v1/chat/completions",
+            {"model": "default", "messages": [{"role": "user", "content": "t9"}], "max_tokens": 4, "logprobs": True},
+        )
+        assert status == 400 and "return_logprob" in body
+
+        info = http_json(url + "/server_info")["internal_states"][0]
+        assert info["speculative_algorithm"] == "DDTREE" and info["speculative_num_draft_tokens"] == budget + 1
+    with open(server_log_path(port)) as log:
+        assert "accept len: " in log.read()  # the per-interval mean acceptance length of the decode log

@@ -84,7 +84,7 @@ def test_ddtree_verifies_budget_plus_root_tree_nodes_with_the_drafters_block(mod
     assert flag(argv, "--speculative-draft-model-path") == models["drafter"]
     assert flag(argv, "--speculative-num-draft-tokens") == "17"
     assert flag(argv, "--speculative-dflash-block-size") == "6"
-    assert flag(argv, "--cuda-graph-backend-decode") == "disabled"
+    assert "--cuda-graph-backend-decode" not in argv and "--disable-cuda-graph" not in argv  # graphs stay on
 
 
 def test_ddtree_budget_defaults_to_32(models):
@@ -179,3 +179,22 @@ def test_hub_id_that_cannot_be_fetched_is_one_line(models):
     result = launch("--algo", "ar", "--model-path", "no-such-org/no-such-model", "--dry-run", env=env)
     assert_one_line_error(result, "'no-such-org/no-such-model' is not a local folder")
 
+
+
+@pytest.mark.parametrize("algo", ["dflash", "ddtree"])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"hidden_size": 64}, "has hidden_size=64 but the target has hidden_size=128"),
+        ({"vocab_size": 1000}, "has vocab_size=1000 but the target has vocab_size="),
+        ({"num_target_layers": 36}, "has num_target_layers=36 but the target has num_hidden_layers=2"),
+        ({"dflash_config": {"mask_token_id": 3, "target_layer_ids": [0, 5]}}, "target_layer_ids=[0, 5]"),
+        ({"dflash_config": {"mask_token_id": 10**6, "target_layer_ids": [0]}}, "mask_token_id=1000000, outside"),
+    ],
+)
+def test_drafter_built_for_another_target_is_refused_naming_the_field(models, tmp_path, algo, change, fragment):
+    with open(os.path.join(models["drafter"], "config.json")) as f:
+        config = json.load(f)
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    result = launch("--algo", algo, "--model-path", models["target"], "--draft-model-path", str(tmp_path), "--dry-run")
+    assert_one_line_error(result, fragment)

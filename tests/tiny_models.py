@@ -28,6 +28,9 @@ class TinyShape:
     num_kv_heads: int = 2
     head_dim: int = 64
     intermediate_size: int = 256
+    # Speculation tests use a small vocabulary: a random drafter's top-K lists then hold the target's
+    # choice often enough that trees get accepted (with 512 tokens almost nothing is).
+    vocab_size: int = VOCAB_SIZE
 
 
 def write_tokenizer(out_dir: str) -> None:
@@ -52,7 +55,7 @@ def _qwen3_config(shape: TinyShape, **extra):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=shape.vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_layers,
@@ -139,7 +142,7 @@ def make_mtp_target(out_dir: str, shape: TinyShape = TinyShape()) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="parent folder for qwen3/, dflash/ and mtp/")
+    parser.add_argument("--out", required=True, help="parent folder for qwen3/, dflash/, mtp/, qwen3_v64/, dflash_v64/")
     parser.add_argument("--num-layers", type=int, default=4)
     args = parser.parse_args()
     shape = TinyShape(num_layers=args.num_layers)
@@ -151,6 +154,15 @@ def main() -> None:
         target_layer_ids=list(range(0, args.num_layers - 1, 2)),
     )
     make_mtp_target(os.path.join(args.out, "mtp"), shape)
+    # DDTree's exactness tests: a 64-token vocabulary, so that random drafts get accepted (see TinyShape).
+    make_qwen3_target(os.path.join(args.out, "qwen3_v64"), TinyShape(num_layers=args.num_layers, vocab_size=64))
+    make_dflash_drafter(
+        os.path.join(args.out, "dflash_v64"),
+        target_num_layers=args.num_layers,
+        shape=TinyShape(num_layers=1, vocab_size=64),
+        block_size=8,
+        target_layer_ids=list(range(0, args.num_layers - 1, 2)),
+    )
     print(args.out)
 
 

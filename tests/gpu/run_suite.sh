@@ -3,7 +3,7 @@
 #   bash tests/gpu/run_suite.sh [pytest args...]        e.g.  -k flashinfer
 # Expects .whl/wheelhouse.tar.xz (built on a networked machine by shared/device/build_wheelhouse.sh --xz).
 # Optional: .gpu/jitcache.tgz.part* (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces).
-# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings) and $OUT/jitcache.tgz.part*.
+# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings), $OUT/server_logs.tgz and $OUT/jitcache.tgz.part*.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_suite_out}
@@ -23,6 +23,13 @@ export SGLANG_ENABLE_JIT_DEEPGEMM=0 FLASHINFER_WORKSPACE_BASE=$JIT TVM_FFI_CACHE
 if ls .gpu/jitcache.tgz.part* >/dev/null 2>&1 && [ ! -f "$JIT/.restored" ]; then
   cat .gpu/jitcache.tgz.part* | tar -xzf - -C "$JIT" && touch "$JIT/.restored"
 fi
+# FlashInfer rebuilds its JIT modules even when they sit in its cache folder (run 4 of RESULTS.md), but loads
+# prebuilt modules from flashinfer/data/aot/NAME/NAME.so as they are.
+for so in "$JIT"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+  [ -f "$so" ] || continue
+  aot="$SITE/flashinfer/data/aot/$(basename "$(dirname "$so")")"
+  mkdir -p "$aot" && cp -n "$so" "$aot/"
+done
 echo "setup: $(( $(date +%s) - T0 ))s" | tee "$OUT/gpu_suite.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu_suite.log"
 
@@ -32,6 +39,7 @@ export GPU_SUITE_MODELS=/tmp/tiny_models GPU_SUITE_REPORT="$OUT/gpu_suite.jsonl"
 timeout "${GPU_SUITE_TIMEOUT:-3000}" python3 -m pytest -m gpu -p no:cacheprovider -v -rA tests/gpu "$@" 2>&1 \
   | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
+tar -czf "$OUT/server_logs.tgz" -C "${TMPDIR:-/tmp}" $(cd "${TMPDIR:-/tmp}" && ls sglang_ddtree_server_*.log 2>/dev/null) 2>/dev/null
 # Pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each.
 tar -czf - -C "$JIT" --exclude=.restored . 2>/dev/null | split -b 15M -d - "$OUT/jitcache.tgz.part"
 echo "suite exit $rc after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/gpu_suite.log"

@@ -8,7 +8,6 @@ for tests/gpu/RESULTS.md.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ from contextlib import ExitStack
 import pytest
 
 import sglang_ddtree
-from support import free_port, http_json, launched_server
+from support import free_port, http_json, launched_server, record
 
 pytestmark = pytest.mark.gpu
 
@@ -40,13 +39,6 @@ ALGO_ARGS = {
 }
 PROMPT = list(range(10, 50))
 NEW_TOKENS = 64
-
-
-def record(entry: dict) -> None:
-    path = os.environ.get("GPU_SUITE_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
 
 
 def greedy(url: str, max_new_tokens: int = NEW_TOKENS) -> tuple[dict, float]:

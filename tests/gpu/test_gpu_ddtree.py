@@ -1,0 +1,185 @@
+"""GPU suite (H200): DDTree is lossless under CUDA graphs, batching and aborts, on flashinfer and triton.
+
+Tiny random models with a 64-token vocabulary (``tests/tiny_models.py``: ``qwen3_v64`` + ``dflash_v64``, block
+8), so that the random drafter's trees are often accepted beyond their root. Each backend gets an AR server and
+two DDTree servers (budget 16), all with the radix cache off: one with CUDA graphs plus the graph-vs-eager
+verify check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), one without CUDA graphs.
+
+Exactness: triton runs in float32 and must be token-identical to AR. FlashInfer has no float32 kernels, so it
+runs in bfloat16, where greedy decoding is not reproducible across batch shapes; there every divergence from
+AR is reported with AR's top-1/top-2 log-probability margin at the first differing token, and only a margin of
+at least ``BF16_CLEAR_MARGIN`` counts as a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import pytest
+
+from support import free_port, http_json, launched_server, record
+
+pytestmark = pytest.mark.gpu
+
+MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
+BACKEND_DTYPES = {"triton": "float32", "flashinfer": "bfloat16"}
+BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
+BUDGET = 16
+BF16_CLEAR_MARGIN = 0.1  # nats between AR's top-1 and top-2 at the first differing token
+GRAPH_CHECK_FP32_TOLERANCE = 1e-3  # max |logit difference| between graph replay and eager, float32
+CONCURRENT = 16
+NEW_TOKENS = 320  # several KV reservation rounds per request (block 8 -> 2 x 17 slots reserved per step)
+PROMPTS = [[(11 * i + 5 * j) % 60 + 4 for j in range(length)] for i, length in enumerate(range(3, 3 + 7 * CONCURRENT, 7))]
+FLAGS = [
+    "--context-length", "2048",
+    "--max-total-tokens", "65536",
+    "--max-running-requests", str(CONCURRENT),
+    "--cuda-graph-max-bs", str(CONCURRENT),
+    "--mem-fraction-static", "0.06",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+    "--disable-radix-cache",
+]  # fmt: skip
+SERVERS = {
+    "ar": (["--algo", "ar"], {}),
+    "ddtree_graphs": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
+    "ddtree_eager": (["--algo", "ddtree", "--disable-cuda-graph"], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """{(kind, backend): url or an error string}; all servers start side by side."""
+
+    def start(stack: ExitStack, kind: str, backend: str):
+        algo_args, env = SERVERS[kind]
+        args = [*algo_args, "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend,
+                "--dtype", BACKEND_DTYPES[backend], *FLAGS]  # fmt: skip
+        if kind != "ar":
+            args += ["--draft-model-path", f"{MODELS}/dflash_v64", "--budget", str(BUDGET)]
+        t0 = time.perf_counter()
+        try:
+            url = stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=420))
+        except AssertionError as e:
+            return (kind, backend), str(e)
+        record({"test": "ddtree_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
+        return (kind, backend), url
+
+    combos = [(kind, backend) for backend in BACKENDS for kind in SERVERS]
+    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
+        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
+
+
+def url_of(servers, kind: str, backend: str) -> str:
+    url = servers[kind, backend]
+    assert url.startswith("http://"), url
+    return url
+
+
+def generate(url: str, input_ids: list[int], max_new_tokens: int = NEW_TOKENS, **extra) -> dict:
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}
+    return http_json(url + "/generate", {"input_ids": input_ids, "sampling_params": params, **extra}, timeout=600)
+
+
+def generate_all(url: str, prompts: list[list[int]]) -> list[dict]:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda ids: generate(url, ids), prompts))
+
+
+def top2_margin(ar_url: str, context: list[int]) -> float:
+    """AR's log-probability gap between its first and second choice after ``context``."""
+    out = generate(ar_url, context, 1, return_logprob=True, top_logprobs_num=2)
+    (first, *_), (second, *_) = out["meta_info"]["output_top_logprobs"][0][:2]
+    return first - second
+
+
+def divergences(ar_url: str, prompts, expected, got) -> list[dict]:
+    found = []
+    for prompt, want, have in zip(prompts, expected, got):
+        if want == have:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+        found.append({"prompt_len": len(prompt), "at": at, "margin": top2_margin(ar_url, prompt + want[:at])})
+    return found
+
+
+def assert_lossless(backend: str, ar_url: str, prompts, expected, got, label: str) -> None:
+    found = divergences(ar_url, prompts, expected, got)
+    record({"test": "ddtree_equals_ar", "case": label, "backend": backend, "requests": len(prompts),
+            "divergences": found})  # fmt: skip
+    if BACKEND_DTYPES[backend] == "float32":
+        assert not found, found
+    else:
+        assert all(d["margin"] < BF16_CLEAR_MARGIN for d in found), found
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(servers):
+    return {backend: [o["output_ids"] for o in generate_all(url_of(servers, "ar", backend), PROMPTS)]
+            for backend in BACKENDS}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
+    url = url_of(servers, kind, backend)
+    info = http_json(url + "/server_info")
+    assert info["internal_states"][0]["speculative_algorithm"] == "DDTREE"
+    assert info["disable_cuda_graph"] is (kind == "ddtree_eager")
+    outputs = generate_all(url, PROMPTS)
+    got = [o["output_ids"] for o in outputs]
+    metas = [o["meta_info"] for o in outputs]
+    assert all(len(ids) == NEW_TOKENS for ids in got)
+    accepted = sum(m["spec_num_correct_drafts"] for m in metas)
+    verifies = sum(m["spec_verify_ct"] for m in metas)
+    record({"test": "ddtree_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
+            "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
+    assert accepted > 0
+    assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend], got, kind)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend):
+    """Every tree verify that replayed a CUDA graph was re-run eagerly on the same batch by the server."""
+    url = url_of(servers, "ddtree_graphs", backend)
+    generate_all(url, PROMPTS[:4])
+    check = http_json(url + "/server_info")["internal_states"][0]["ddtree_graph_verify_check"]
+    record({"test": "ddtree_graph_check", "backend": backend, **check})
+    assert check["verifies"] > 0 and check["rows"] >= check["verifies"] * (BUDGET + 1)
+    if BACKEND_DTYPES[backend] == "float32":
+        assert check["argmax_mismatches"] == 0
+        assert check["max_abs_diff"] <= GRAPH_CHECK_FP32_TOLERANCE
+    else:  # a mask dropped from the graph would change most rows below the root
+        assert check["argmax_mismatches"] <= 0.01 * check["rows"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend):
+    url = url_of(servers, "ddtree_graphs", backend)
+    victim: dict = {}
+
+    def run_victim():
+        try:
+            victim["finish"] = generate(url, PROMPTS[0], 1900, rid="ddtree-abort-victim")["meta_info"]["finish_reason"]
+        except urllib.error.HTTPError as e:  # SGLang may answer an aborted non-streaming request with an error
+            victim["finish"] = {"type": "abort", "http_status": e.code}
+
+    thread = threading.Thread(target=run_victim)
+    thread.start()
+    with ThreadPoolExecutor(4) as pool:
+        others = pool.map(lambda ids: generate(url, ids), PROMPTS[1:5])
+        time.sleep(1.0)
+        http_json(url + "/abort_request", {"rid": "ddtree-abort-victim"})
+        others = [o["output_ids"] for o in others]
+    thread.join(timeout=300)
+    record({"test": "ddtree_abort", "backend": backend, "victim_finish": victim.get("finish")})
+    assert victim["finish"]["type"] == "abort", victim
+    ar_url = url_of(servers, "ar", backend)
+    assert_lossless(backend, ar_url, PROMPTS[1:5], ar_outputs[backend][1:5], others, "abort: the others")
+    after = [generate(url, PROMPTS[5])["output_ids"]]
+    assert_lossless(backend, ar_url, PROMPTS[5:6], ar_outputs[backend][5:6], after, "abort: a request after it")
