@@ -57,7 +57,8 @@ def server(args: list[str], log_path: Path, ready_timeout: float = 480):
         port = s.getsockname()[1]
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=os.environ.get("TMPDIR", "/tmp"))  # not the checkout: import the install  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + ready_timeout

@@ -105,6 +105,9 @@ def launched_server(args: list[str], port: int, env: dict[str, str] | None = Non
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
+        # Not the checkout: ``python -m`` would import the package from its sources there, where the top-level
+        # kernels/ folder is not yet ``sglang_ddtree.kernels`` (a non-editable install maps it).
+        cwd=os.environ.get("TMPDIR", "/tmp"),
         start_new_session=True,
     )
     base_url = f"http://127.0.0.1:{port}"

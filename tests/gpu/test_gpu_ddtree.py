@@ -5,10 +5,12 @@ Tiny random models with a 64-token vocabulary (``tests/tiny_models.py``: ``qwen3
 two DDTree servers (budget 16), all with the radix cache off: one with CUDA graphs plus the graph-vs-eager
 verify check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), one without CUDA graphs.
 
-Exactness: triton runs in float32 and must be token-identical to AR. FlashInfer has no float32 kernels, so it
-runs in bfloat16, where greedy decoding is not reproducible across batch shapes; there every divergence from
-AR is reported with AR's top-1/top-2 log-probability margin at the first differing token, and only a margin of
-at least ``BF16_CLEAR_MARGIN`` counts as a failure.
+Exactness: SGLang's CUDA kernels have no float32 path (``sgl_kernel.rmsnorm`` refuses it: run 7 of
+tests/gpu/RESULTS.md), so the GPU runs are bfloat16, where greedy decoding is not reproducible across kernel
+paths (a tree verify and an AR decode step add in different orders). Every divergence from AR is reported with
+AR's top-1/top-2 log-probability margin at the first differing token, and a margin of at least
+``BF16_CLEAR_MARGIN`` counts as a failure. Token identity in float32 is the CPU suite's test
+(tests/test_ddtree_cpu.py).
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ from support import free_port, http_json, launched_server, record
 pytestmark = pytest.mark.gpu
 
 MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
-BACKEND_DTYPES = {"triton": "float32", "flashinfer": "bfloat16"}
 BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
 BUDGET = 16
 BF16_CLEAR_MARGIN = 0.1  # nats between AR's top-1 and top-2 at the first differing token
-GRAPH_CHECK_FP32_TOLERANCE = 1e-3  # max |logit difference| between graph replay and eager, float32
+GRAPH_CHECK_ARGMAX_MISMATCH_RATE = 0.01  # rows; a tree mask missing from the graph changes most non-root rows
 CONCURRENT = 16
 NEW_TOKENS = 320  # several KV reservation rounds per request (block 8 -> 2 x 17 slots reserved per step)
 PROMPTS = [[(11 * i + 5 * j) % 60 + 4 for j in range(length)] for i, length in enumerate(range(3, 3 + 7 * CONCURRENT, 7))]
@@ -59,7 +60,7 @@ def servers():
     def start(stack: ExitStack, kind: str, backend: str):
         algo_args, env = SERVERS[kind]
         args = [*algo_args, "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend,
-                "--dtype", BACKEND_DTYPES[backend], *FLAGS]  # fmt: skip
+                "--dtype", "bfloat16", *FLAGS]  # fmt: skip
         if kind != "ar":
             args += ["--draft-model-path", f"{MODELS}/dflash_v64", "--budget", str(BUDGET)]
         t0 = time.perf_counter()
@@ -112,10 +113,7 @@ def assert_lossless(backend: str, ar_url: str, prompts, expected, got, label: st
     found = divergences(ar_url, prompts, expected, got)
     record({"test": "ddtree_equals_ar", "case": label, "backend": backend, "requests": len(prompts),
             "divergences": found})  # fmt: skip
-    if BACKEND_DTYPES[backend] == "float32":
-        assert not found, found
-    else:
-        assert all(d["margin"] < BF16_CLEAR_MARGIN for d in found), found
+    assert all(d["margin"] < BF16_CLEAR_MARGIN for d in found), found
 
 
 @pytest.fixture(scope="module")
@@ -151,11 +149,7 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
     check = http_json(url + "/server_info")["internal_states"][0]["ddtree_graph_verify_check"]
     record({"test": "ddtree_graph_check", "backend": backend, **check})
     assert check["verifies"] > 0 and check["rows"] >= check["verifies"] * (BUDGET + 1)
-    if BACKEND_DTYPES[backend] == "float32":
-        assert check["argmax_mismatches"] == 0
-        assert check["max_abs_diff"] <= GRAPH_CHECK_FP32_TOLERANCE
-    else:  # a mask dropped from the graph would change most rows below the root
-        assert check["argmax_mismatches"] <= 0.01 * check["rows"]
+    assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
