@@ -12,9 +12,11 @@ so it is an array indexed by node id: slot ``p`` holds the candidate whose paren
     bits  5..0   depth d       (the candidate's depth, 1..L)
 
 so one integer max over the ``next_pow2(B + 1)`` slots pops the best candidate *and* tells
-where it came from. Each pop costs that max, one masked sum (the parent's score, needed for the
-sibling's score) and three scalar loads: O(B * next_pow2(B + 1)) work per request, which is
-cheap for the budgets DDTree uses (B <= 1023 supported).
+where it came from. The pop is a single register reduction that also carries the winning slot's
+payload (its parent's score and the two log-probs its pushes need), so nothing on the pop-to-pop
+dependency chain waits for memory: the log-probs of newly pushed candidates are loaded while the
+next pop reduces, and tokens are looked up in one parallel pass after the loop. Work is
+O(B * next_pow2(B + 1)) per request, cheap for the budgets DDTree uses (B <= 2047 supported).
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ def _frontier_key(score, parent, rank, depth):
 
 
 @triton.jit
+def _best_slot(key_a, score_a, next_a, child_a, key_b, score_b, next_b, child_b):
+    """Combine of the pop reduction: the larger key wins and brings its slot's payload along."""
+    a = key_a > key_b
+    return (
+        tl.where(a, key_a, key_b),
+        tl.where(a, score_a, score_b),
+        tl.where(a, next_a, next_b),
+        tl.where(a, child_a, child_b),
+    )
+
+
+@triton.jit
 def _build_tree_kernel(
     logprob_ptr,
     token_ptr,
@@ -56,15 +70,25 @@ def _build_tree_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     logq = logprob_ptr + b * depth_limit * k
-    toks = token_ptr + b * depth_limit * k
     slots = tl.arange(0, NP)
+    first = slots == 0
 
-    # Slot 0 = the root's first child: depth 1, rank 0, score logq[0][0]; the root's score is 0.
-    key = tl.where(slots == 0, _frontier_key(tl.load(logq), 0, 0, 1), SENTINEL)
+    # Per slot p (candidates under parent p, at depth d): the frontier key, the parent's score,
+    # next_q = logq[d-1][r+1] (the current candidate's next sibling) and child_q = logq[d][0].
+    # Slot 0 = the root's children: depth 1, rank 0, score logq[0][0]; the root's score is 0.
+    key = tl.where(first, _frontier_key(tl.load(logq), 0, 0, 1), SENTINEL)
     node_score = tl.zeros([NP], dtype=tl.float32)
+    next_q = tl.where(first, tl.load(logq + 1, mask=k > 1, other=0.0), 0.0)
+    child_q = tl.where(first, tl.load(logq + k, mask=depth_limit > 1, other=0.0), 0.0)
+    # q values of the candidates pushed by the previous pop, loaded but not yet in the vectors.
+    late_slot = -1
+    late_next_q = 0.0
+    late_node = -1
+    late_node_next_q = 0.0
+    late_node_child_q = 0.0
 
     for step in range(budget):
-        best = tl.max(key, 0)
+        best, parent_score, sibling_q, down_q = tl.reduce((key, node_score, next_q, child_q), 0, _best_slot)
         found = best != SENTINEL
         low = (best & 0xFFFFFFFF).to(tl.int32)
         parent = 2047 - (low >> 17)
@@ -72,26 +96,42 @@ def _build_tree_kernel(
         depth = low & 63
         score = ordered_to_float((best >> 32).to(tl.int32))
         node = step + 1
+        sibling_q = tl.where(parent == late_slot, late_next_q, sibling_q)
+        sibling_q = tl.where(parent == late_node, late_node_next_q, sibling_q)
+        down_q = tl.where(parent == late_node, late_node_child_q, down_q)
 
-        row = (depth - 1) * k
-        token = tl.load(toks + row + rank, mask=found, other=0)
         has_sibling = found & (rank + 1 < k)
         has_child = found & (depth < depth_limit)
-        sibling_q = tl.load(logq + row + rank + 1, mask=has_sibling, other=0.0)
-        child_q = tl.load(logq + row + k, mask=has_child, other=0.0)
-        parent_score = tl.sum(tl.where(slots == parent, node_score, 0.0), 0)
-
         sibling_key = _frontier_key(parent_score + sibling_q, parent, rank + 1, depth)
-        child_key = _frontier_key(score + child_q, node, 0, depth + 1)
+        child_key = _frontier_key(score + down_q, node, 0, depth + 1)
         key = tl.where(found & (slots == parent), tl.where(has_sibling, sibling_key, SENTINEL), key)
         key = tl.where(slots == node, tl.where(has_child, child_key, SENTINEL), key)
         node_score = tl.where(slots == node, score, node_score)
+        next_q = tl.where(slots == late_slot, late_next_q, next_q)
+        next_q = tl.where(slots == late_node, late_node_next_q, next_q)
+        child_q = tl.where(slots == late_node, late_node_child_q, child_q)
+
+        # Loads for the two new candidates: their values are first needed by the next pop,
+        # after its reduction, so the load latency hides behind it.
+        row = (depth - 1) * k
+        late_slot = tl.where(found, parent, -1)
+        late_next_q = tl.load(logq + row + rank + 2, mask=found & (rank + 2 < k), other=0.0)
+        late_node = node
+        late_node_next_q = tl.load(logq + row + k + 1, mask=has_child & (k > 1), other=0.0)
+        late_node_child_q = tl.load(logq + row + 2 * k, mask=has_child & (depth + 1 < depth_limit), other=0.0)
 
         out = b * budget + step
         tl.store(parent_out + out, tl.where(found, parent, -1))
-        tl.store(token_out + out, tl.where(found, token, 0))
         tl.store(depth_out + out, tl.where(found, depth, 0))
         tl.store(score_out + out, tl.where(found, score, float("-inf")))
+        # The token is looked up after the loop: here only where it sits in the top-K table.
+        tl.store(token_out + out, tl.where(found, row + rank, -1).to(tl.int64))
+
+    tl.debug_barrier()
+    pops = slots < budget
+    entry = tl.load(token_out + b * budget + slots, mask=pops, other=-1)
+    token = tl.load(token_ptr + b * depth_limit * k + entry, mask=pops & (entry >= 0), other=0)
+    tl.store(token_out + b * budget + slots, token, mask=pops)
 
 
 def build_tree(
@@ -141,7 +181,8 @@ def build_tree(
         k,
         budget,
         NP=num_slots,
-        # A single warp keeps the per-pop reductions in registers and shuffles (no barriers).
-        num_warps=1 if num_slots <= 512 else 2,
+        # A single warp keeps the per-pop reduction in registers and shuffles (no barriers);
+        # past 512 slots, more warps keep the five per-slot vectors out of local memory.
+        num_warps=max(1, num_slots // 512),
     )
     return parent, token, depth, path_logprob

@@ -8,13 +8,24 @@ How it is computed. Every candidate is an int64 *key*: the float32 logit mapped 
 order-preserving int32 in the high word, ``2**31 - 1 - token_id`` in the low word. Integer
 order on keys is exactly (logit desc, token id asc), so selection only compares integers:
 exact and deterministic. Work is split into *sources*; a source record is ``KP + 1`` int64 words:
-its ``KP = next_pow2(K)`` best keys sorted descending (``SENTINEL`` padded), then one word
+``KP = next_pow2(K)`` keys sorted descending (its best keys, or group maxima in step 1;
+``SENTINEL`` padded), then one word
 packing the source's (max logit, sum of exp(logit - max)) as two float32 bit patterns.
 
-1. ``_chunk_topk_kernel`` turns each ``CHUNK``-wide slice of a row into one source record.
+Selecting the top ``K`` of every ``CHUNK``-wide slice and merging those would run the costly
+selection network over the whole vocabulary. Instead rows are cut into groups of ``CHUNK / KP``
+consecutive entries and only the best ``KP`` groups are opened: if an entry is among the ``K``
+best keys, fewer than ``K`` keys beat it, so fewer than ``K`` other groups have a larger
+maximum, and its group is among the ``K`` groups with the largest maxima.
+
+1. ``_group_max_kernel`` turns each ``CHUNK``-wide slice of a row into one source record: its
+   ``KP`` group maxima (pairwise maxima, no selection) sorted, and the slice's stats.
 2. ``_merge_topk_kernel`` merges groups of source records into one (top-K of the concatenated
-   keys, log-sum-exp combination of the stats), repeated until one record per row remains;
-   the final round decodes keys into (log-prob, token).
+   keys, log-sum-exp combination of the stats), repeated until one record per row remains: the
+   row's best ``KP`` groups and its stats.
+3. ``_expand_groups_kernel`` loads the entries of those groups, a few groups per program, and
+   selects each program's top-K keys (part 0 passes the row's stats on).
+4. ``_merge_topk_kernel`` merges the parts; the final round decodes keys into (log-prob, token).
 
 Selection is a bitonic top-K network (sort runs of ``KP`` keys, then repeatedly keep the
 element-wise max of run pairs and re-merge), built from gather/maximum/minimum/where only (no
@@ -22,7 +33,7 @@ reductions: see :func:`_compare_exchange`): it needs far fewer stages than a ful
 ``tl.sort`` is unusably slow under TRITON_INTERPRET. Merges skip the run-sorting phase because
 source records are already sorted.
 
-Tensor parallelism: each rank runs steps 1-2 on its vocab shard, stopping at one record per
+Tensor parallelism: each rank runs steps 1-4 on its vocab shard, stopping at one record per
 row (:func:`local_topk_payload`); the ``[bs, L, KP + 1]`` int64 payload is all-gathered in
 one collective, and :func:`merge_topk_payloads` merges the ``R`` rank records. Every rank
 merges the same gathered bytes with the same kernel, so every rank gets bit-identical
@@ -42,9 +53,11 @@ import triton.language as tl
 SENTINEL = tl.constexpr(-(2**63))
 # Upper bound on one row's vocabulary ids: the key keeps ``2**31 - 1 - id`` in 31 bits.
 MAX_VOCAB = 2**31 - 1
-# Vocab entries per first-stage program, and keys per merge program.
+# Vocab entries per first-stage program, keys per merge program, and (at least) keys per
+# program of the group expansion.
 _CHUNK = 4096
 _MERGE_KEYS = 4096
+_EXPAND_KEYS = 1024
 
 
 @triton.jit
@@ -138,7 +151,7 @@ def _topk_desc(x, LOG_N: tl.constexpr, LOG_K: tl.constexpr):
 
 
 @triton.jit
-def _chunk_topk_kernel(
+def _group_max_kernel(
     logits_ptr,
     payload_ptr,
     depth,
@@ -152,6 +165,8 @@ def _chunk_topk_kernel(
     KP: tl.constexpr,
     LOG_KP: tl.constexpr,
 ):
+    """One source record per ``CHUNK``-wide slice of a row: the maxima of its ``KP`` groups of
+    ``CHUNK / KP`` consecutive entries, sorted descending, and the slice's log-sum-exp stats."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -161,7 +176,9 @@ def _chunk_topk_kernel(
     # -0.0 and +0.0 are equal logits and must tie (lower id first), so give them one key.
     x = tl.where(x == 0.0, 0.0, x)
     keys = tl.where(in_vocab, _pack_logit_key(x, vocab_offset + cols), SENTINEL)
-    keys = _topk_desc(keys, LOG_CHUNK, LOG_KP)
+    for level in tl.static_range(LOG_CHUNK - LOG_KP):
+        keys = _max_of_run_pairs(keys, 0, CHUNK >> (level + 1))
+    keys = _topk_desc(keys, LOG_KP, LOG_KP)
 
     row_max = tl.max(x, 0)
     sum_exp = tl.sum(tl.where(x > float("-inf"), tl.exp(x - row_max), 0.0), 0)
@@ -169,6 +186,49 @@ def _chunk_topk_kernel(
     out = payload_ptr + (row.to(tl.int64) * num_chunks + chunk) * (KP + 1)
     tl.store(out + tl.arange(0, KP), keys)
     tl.store(out + KP, _pack_stats(row_max, sum_exp))
+
+
+@triton.jit
+def _expand_groups_kernel(
+    logits_ptr,
+    groups_ptr,
+    payload_ptr,
+    depth,
+    vocab,
+    vocab_offset,
+    stride_b,
+    stride_l,
+    num_parts,
+    GROUP: tl.constexpr,
+    LOG_GROUP: tl.constexpr,
+    KP: tl.constexpr,
+    LOG_KP: tl.constexpr,
+    PART: tl.constexpr,
+    LOG_PART: tl.constexpr,
+):
+    """Top-``KP`` keys of ``PART`` of a row's best ``KP`` groups (by group maximum), one record
+    per part. Part 0 carries the row's stats; the others carry an empty (-inf, 0) stats word,
+    which the log-sum-exp combination of the merge adds exactly (as 0)."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    record = groups_ptr + row.to(tl.int64) * (KP + 1)
+    group_keys = tl.load(record + part * PART + tl.arange(0, PART))
+    live = group_keys != SENTINEL
+    first_col = (2147483647 - (group_keys & 0xFFFFFFFF)).to(tl.int32) - vocab_offset
+    group_start = (first_col >> LOG_GROUP) << LOG_GROUP
+    cols = group_start[:, None] + tl.arange(0, GROUP)[None, :]
+    valid = live[:, None] & (cols < vocab)
+    row_ptr = logits_ptr + (row // depth).to(tl.int64) * stride_b + (row % depth) * stride_l
+    x = tl.load(row_ptr + cols, mask=valid, other=float("-inf")).to(tl.float32)
+    x = tl.where(x == 0.0, 0.0, x)
+    keys = tl.where(valid, _pack_logit_key(x, vocab_offset + cols), SENTINEL)
+    keys = _topk_desc(tl.reshape(keys, [PART * GROUP], can_reorder=True), LOG_PART + LOG_GROUP, LOG_KP)
+
+    row_max, sum_exp = _unpack_stats(tl.load(record + KP))
+    stats = _pack_stats(tl.where(part == 0, row_max, float("-inf")), tl.where(part == 0, sum_exp, 0.0))
+    out = payload_ptr + (row.to(tl.int64) * num_parts + part) * (KP + 1)
+    tl.store(out + tl.arange(0, KP), keys)
+    tl.store(out + KP, stats)
 
 
 @triton.jit
@@ -253,13 +313,22 @@ def _num_warps(elements: int) -> int:
     return max(1, min(8, elements // 512))
 
 
+def _expand_part(chunk: int, kp: int) -> int:
+    """Groups expanded per program: ``max(_EXPAND_KEYS, kp)`` keys' worth, between 1 and ``kp``."""
+    return max(1, min(kp, max(_EXPAND_KEYS, kp) // (chunk // kp)))
+
+
 def _scratch_counts(vocab: int, k: int, num_sources: Optional[int]) -> List[int]:
-    """Records per row held in scratch: the chunk records (unless merging gathered payloads),
-    then every merge round's output except the last, which goes to the caller's tensors."""
+    """Records per row held in scratch. Without ``num_sources`` (a vocabulary to select from):
+    the chunk records, every round merging them (the last one leaves the best groups), the
+    expanded parts and every round merging those but the last, which writes the caller's
+    tensors. With ``num_sources`` (gathered payloads): every merge round but the last."""
     kp = _padded_k(k)
     if num_sources is None:
-        num_chunks = triton.cdiv(vocab, _chunk_size(vocab, kp))
-        return [num_chunks] + _merge_plan(num_chunks, kp)[:-1]
+        chunk = _chunk_size(vocab, kp)
+        num_chunks = triton.cdiv(vocab, chunk)
+        parts = kp // _expand_part(chunk, kp)
+        return [num_chunks] + _merge_plan(num_chunks, kp) + [parts] + _merge_plan(parts, kp)[:-1]
     return _merge_plan(num_sources, kp)[:-1]
 
 
@@ -331,33 +400,38 @@ def _run_merges(
         src_stride_row, src_stride_source = num_out * (kp + 1), kp + 1
 
 
-def _chunk_records(
-    logits: torch.Tensor, k: int, vocab_offset: int, workspace: Optional[torch.Tensor]
-) -> Tuple[torch.Tensor, int, List[torch.Tensor]]:
-    """Run the first stage; returns (chunk records, chunks per row, scratch for the merges)."""
+def _select_topk(
+    logits: torch.Tensor, k: int, vocab_offset: int, workspace: Optional[torch.Tensor], **final
+) -> None:
+    """Steps 1-4 of the module docstring on ``logits [bs, L, V]`` (ids ``vocab_offset + j``);
+    the last merge writes ``final`` (the keyword arguments ``final_*`` of :func:`_run_merges`)."""
     bs, depth, vocab = logits.shape
     assert logits.stride(-1) == 1, "draft logits must be contiguous along the vocabulary"
     assert k >= 1 and vocab_offset + vocab <= MAX_VOCAB
     rows, kp = bs * depth, _padded_k(k)
     chunk = _chunk_size(vocab, kp)
     num_chunks = triton.cdiv(vocab, chunk)
+    group, part = chunk // kp, _expand_part(chunk, kp)
+    parts = kp // part
     regions = _scratch_regions(workspace, rows, vocab, k, None, logits.device)
-    _chunk_topk_kernel[(rows, num_chunks)](
-        logits,
-        regions[0],
-        depth,
-        vocab,
-        vocab_offset,
-        logits.stride(0),
-        logits.stride(1),
-        num_chunks,
-        CHUNK=chunk,
-        LOG_CHUNK=_log2(chunk),
-        KP=kp,
-        LOG_KP=_log2(kp),
+    rounds = len(_merge_plan(num_chunks, kp))
+    chunk_records, best_groups, expanded = regions[0], regions[rounds], regions[rounds + 1]
+    strides = (logits.stride(0), logits.stride(1))
+    _group_max_kernel[(rows, num_chunks)](
+        logits, chunk_records, depth, vocab, vocab_offset, *strides, num_chunks,
+        CHUNK=chunk, LOG_CHUNK=_log2(chunk), KP=kp, LOG_KP=_log2(kp),
         num_warps=_num_warps(chunk),
     )
-    return regions[0], num_chunks, regions[1:]
+    _run_merges(
+        chunk_records, num_chunks * (kp + 1), kp + 1, num_chunks, rows, k, regions[1:rounds],
+        final_payload=best_groups,
+    )
+    _expand_groups_kernel[(rows, parts)](
+        logits, best_groups, expanded, depth, vocab, vocab_offset, *strides, parts,
+        GROUP=group, LOG_GROUP=_log2(group), KP=kp, LOG_KP=_log2(kp), PART=part, LOG_PART=_log2(part),
+        num_warps=_num_warps(part * group),
+    )
+    _run_merges(expanded, parts * (kp + 1), kp + 1, parts, rows, k, regions[rounds + 2 :], **final)
 
 
 def topk_logprobs(
@@ -380,12 +454,7 @@ def topk_logprobs(
         out_tokens = torch.empty((bs, depth, k), dtype=torch.int64, device=logits.device)
     assert out_logprobs.is_contiguous() and out_tokens.is_contiguous()
     assert 1 <= k <= logits.shape[-1]
-    records, num_chunks, scratch = _chunk_records(logits, k, 0, workspace)
-    kp = _padded_k(k)
-    _run_merges(
-        records, num_chunks * (kp + 1), kp + 1, num_chunks, bs * depth, k, scratch,
-        final_logprobs=out_logprobs, final_tokens=out_tokens,
-    )
+    _select_topk(logits, k, 0, workspace, final_logprobs=out_logprobs, final_tokens=out_tokens)
     return out_logprobs, out_tokens
 
 
@@ -408,8 +477,7 @@ def local_topk_payload(
     if out is None:
         out = torch.empty((bs, depth, kp + 1), dtype=torch.int64, device=logits_shard.device)
     assert out.is_contiguous() and out.shape == (bs, depth, kp + 1)
-    records, num_chunks, scratch = _chunk_records(logits_shard, k, vocab_offset, workspace)
-    _run_merges(records, num_chunks * (kp + 1), kp + 1, num_chunks, bs * depth, k, scratch, final_payload=out)
+    _select_topk(logits_shard, k, vocab_offset, workspace, final_payload=out)
     return out
 
 

@@ -90,6 +90,26 @@ def test_topk_matches_reference(bs, depth, vocab, k, style):
     torch.testing.assert_close(logq.cpu(), ref_logq, **LOGPROB_TOLERANCE)
 
 
+@pytest.mark.parametrize(
+    "vocab,k,start",
+    [
+        (9000, 64, 4160),  # the whole top-64 inside one 64-entry group
+        (9000, 64, 4190),  # ... straddling two groups
+        (5000, 1500, 700),  # KP = 2048: groups of two entries, two expansion parts
+        (5000, 1, 4095),  # K = 1: one group per 4096-entry chunk
+    ],
+)
+def test_topk_finds_top_entries_crowded_into_few_groups(vocab, k, start):
+    """The selection only opens the K groups with the largest maxima (``tree_topk``); top
+    entries packed into consecutive ids are the case where one group holds many of them."""
+    logits = make_logits(2, 1, vocab, "normal")
+    logits[..., start : start + k] += 40.0
+    logq, tokens = topk_logprobs(logits.to(DEVICE), k)
+    ref_logq, ref_tokens = reference_topk_logprobs(logits, k)
+    assert torch.equal(tokens.cpu(), ref_tokens)
+    torch.testing.assert_close(logq.cpu(), ref_logq, **LOGPROB_TOLERANCE)
+
+
 def test_topk_reads_strided_half_precision_logits():
     # The worker's logits cover the whole block; the L draft positions are a strided view.
     block = make_logits(2, 8, 1000, "normal").to(torch.bfloat16)
