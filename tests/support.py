@@ -80,7 +80,8 @@ def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+        body = response.read()
+    return json.loads(body) if body else None  # some endpoints (/abort_request) answer 200 with no body
 
 
 def record(entry: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ fi
 for so in "$JIT"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
   [ -f "$so" ] || continue
   aot="$SITE/flashinfer/data/aot/$(basename "$(dirname "$so")")"
-  mkdir -p "$aot" && cp -n "$so" "$aot/"
+  [ -f "$aot/$(basename "$so")" ] || { mkdir -p "$aot" && cp "$so" "$aot/"; }
 done
 echo "setup: $(( $(date +%s) - T0 ))s" | tee "$OUT/gpu_suite.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu_suite.log"
@@ -41,6 +41,8 @@ timeout "${GPU_SUITE_TIMEOUT:-3000}" python3 -m pytest -m gpu -p no:cacheprovide
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/server_logs.tgz" -C "${TMPDIR:-/tmp}" $(cd "${TMPDIR:-/tmp}" && ls sglang_ddtree_server_*.log 2>/dev/null) 2>/dev/null
 # Pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each.
-tar -czf - -C "$JIT" --exclude=.restored . 2>/dev/null | split -b 15M -d - "$OUT/jitcache.tgz.part"
+# Built modules only (FlashInfer's generated sources, objects and ninja files would double the size).
+tar -czf - -C "$JIT" --exclude=.restored --exclude=generated --exclude='*.o' --exclude='*.ninja' . 2>/dev/null \
+  | split -b 15M -d - "$OUT/jitcache.tgz.part"
 echo "suite exit $rc after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/gpu_suite.log"
 exit "$rc"
