@@ -75,8 +75,6 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
 
         if server_args.speculative_draft_window_size is not None:
             raise ValueError("DDTREE does not support --speculative-draft-window-size")
-        if server_args.tp_size > 1:
-            raise ValueError("DDTREE does not support --tp-size > 1 yet (the vocab-sharded tree build is not wired)")
         tree_width = server_args.speculative_num_draft_tokens or DDTREE_DEFAULT_BUDGET + 1
         if tree_width < 2:
             raise ValueError(

@@ -4,8 +4,9 @@ Per decode step, for a batch of requests with independent trees:
 
 1. Draft: the DFlash drafter runs the block ``[bonus, MASK x (block-1)]`` of every request (DFlash's draft
    KV cache, block preparation kernel and draft model runner, reused from ``DFlashWorkerV2``).
-2. Tree: the drafter's logits at the block-1 masked positions go through the Triton tree kernels
-   (per-depth top-K, best-first expansion under the node budget, verify tensors and the FULL tree mask).
+2. Tree: the drafter's logits at the block-1 masked positions (target LM head; under TP each rank's
+   vocabulary shard, merged across ranks) go through the Triton tree kernels (per-depth top-K, best-first
+   expansion under the node budget, verify tensors and the FULL tree mask).
 3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
    tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
    accepted nodes' KV to the front and commits the recurrent state of hybrid models.
@@ -20,9 +21,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from typing import Optional
 
 import torch
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
+from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -35,9 +38,21 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
-from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree
+from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
+from sglang_ddtree.kernels.tree_topk import local_topk_payload, merge_topk_payloads, topk_logprobs
+from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree_from_topk
 
 logger = logging.getLogger(__name__)
+
+
+def _lm_head_vocab_shard(lm_head) -> Optional[tuple[int, int]]:
+    """``(first token id, token count)`` of this rank's LM-head rows under tensor parallelism, else None."""
+    if get_tp_group().world_size == 1:
+        return None
+    shard = lm_head.shard_indices
+    if int(shard.num_added_elements) != 0:
+        raise ValueError("DDTREE with --tp > 1 does not support an LM head with added vocabulary (LoRA tokens)")
+    return int(shard.org_vocab_start_index), int(shard.num_org_elements)
 
 
 class DDTreeWorker(DFlashWorkerV2):
@@ -53,6 +68,10 @@ class DDTreeWorker(DFlashWorkerV2):
         )
         self.speculative_num_draft_tokens = self.tree_width
         self.vocab_size = int(self.model_runner.model_config.vocab_size)
+        # Candidates per depth: min(B, V), as in the paper.
+        self.candidates_per_depth = min(self.budget, self.vocab_size)
+        self._lm_head_shard = _lm_head_vocab_shard(self.target_worker.model_runner.model.lm_head)
+        self._check_tp_trees = tp_tree_check_requested()
 
     def _maybe_build_draft_sampler(self):
         """No greedy head in the draft graph: the tree needs the drafter's hidden states, not its argmax."""
@@ -75,13 +94,17 @@ class DDTreeWorker(DFlashWorkerV2):
 
         prefix_lens = batch.seq_lens
         draft_hidden = self._draft_block(batch, draft_input)
-        tree = build_ddtree(
-            self._draft_logits(draft_hidden[:, 1:, :]),
+        top_logprobs, top_tokens = self._draft_candidates(draft_hidden[:, 1:, :])
+        tree = build_ddtree_from_topk(
+            top_logprobs,
+            top_tokens,
             self.budget,
             root_tokens=draft_input.bonus_tokens,
             seq_lens=prefix_lens,
             seq_lens_sum=self._seq_lens_upper_bound(batch, draft_input),
         )
+        if self._check_tp_trees:
+            TP_TREE_CHECK.record(tree, get_tp_group())
         batch.spec_info = self._verify_input(tree, batch)
         result = run_eagle_verify(
             batch,
@@ -147,10 +170,24 @@ class DDTreeWorker(DFlashWorkerV2):
             hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
         return hidden.view(bs, block_size, -1)
 
-    def _draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target LM head over the drafter's hidden states of the masked positions: ``[bs, L, V]``."""
-        weight = self.target_worker.model_runner.model.lm_head.weight[: self.vocab_size]
-        return torch.matmul(hidden.to(weight.dtype), weight.t())
+    def _draft_candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-depth top-K log-probs and tokens ``[bs, L, K]`` of the drafter's masked positions, over the
+        target's whole vocabulary through its LM head.
+
+        Under tensor parallelism each rank holds a vocabulary shard of the LM head: it contributes its local
+        top-K and log-sum-exp, the payloads are all-gathered in rank order and merged with deterministic
+        ties, so every rank builds the bit-identical tree (the tree mask, KV moves and acceptance of each
+        rank must agree).
+        """
+        weight = self.target_worker.model_runner.model.lm_head.weight
+        if self._lm_head_shard is None:
+            logits = torch.matmul(hidden.to(weight.dtype), weight[: self.vocab_size].t())
+            return topk_logprobs(logits, self.candidates_per_depth)
+        vocab_start, vocab_count = self._lm_head_shard
+        logits = torch.matmul(hidden.to(weight.dtype), weight[:vocab_count].t())
+        payload = local_topk_payload(logits, self.candidates_per_depth, vocab_start)
+        gathered = get_tp_group().all_gather(payload.unsqueeze(0), dim=0)  # [ranks, bs, L, K + 1] in rank order
+        return merge_topk_payloads(gathered.contiguous(), self.candidates_per_depth)
 
     @staticmethod
     def _host_seq_lens(batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:

@@ -131,8 +131,6 @@ def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
 
 
 def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
-    if request.tp > 1:
-        raise LaunchError("--algo ddtree does not support --tp > 1 yet (the vocab-sharded tree build is not wired)")
     budget = DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
     if budget < 1:
         raise LaunchError(f"--budget must be at least 1 tree node, got {budget}")

@@ -35,6 +35,7 @@ def run_engine_generate(
     sampling_params: dict[str, Any],
     modes: tuple[str, ...] = ("sequential",),
     timeout: float = 900,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``sglang.Engine(**engine_args).generate(...)`` in a fresh process and return its JSON report.
 
@@ -54,6 +55,7 @@ def run_engine_generate(
     }
     proc = subprocess.Popen(
         [sys.executable, ENGINE_SCRIPT, json.dumps(request)],
+        env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

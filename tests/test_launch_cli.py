@@ -87,6 +87,12 @@ def test_ddtree_verifies_budget_plus_root_tree_nodes_with_the_drafters_block(mod
     assert "--cuda-graph-backend-decode" not in argv and "--disable-cuda-graph" not in argv  # graphs stay on
 
 
+def test_ddtree_runs_tensor_parallel(models):
+    argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                        "--tp", "2")  # fmt: skip
+    assert flag(argv, "--tp-size") == "2" and flag(argv, "--speculative-algorithm") == "DDTREE"
+
+
 def test_ddtree_budget_defaults_to_32(models):
     argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"])
     assert flag(argv, "--speculative-num-draft-tokens") == "33"
@@ -121,7 +127,6 @@ def test_without_model_path_the_embedded_demo_model_is_served(models, tmp_path):
         (["--algo", "ddtree", "--draft-model-path", "{drafter}", "--budget", "0"], ["--budget must be at least 1"]),
         (["--algo", "ddtree", "--draft-model-path", "{drafter}", "--budget", "1"],
          ["--budget 1 is too small for the drafter's block size 6", "at least 2"]),
-        (["--algo", "ddtree", "--draft-model-path", "{drafter}", "--tp", "2"], ["--algo ddtree does not support --tp > 1"]),
         (["--algo", "ar", "--speculative-algorithm", "EAGLE"], ["use the launcher's --algo"]),
         (["--algo", "ar", "--tp-size=2"], ["use the launcher's --tp"]),
     ],

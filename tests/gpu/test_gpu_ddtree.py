@@ -235,3 +235,46 @@ def test_sampled_tokens_follow_the_targets_distribution(servers, backend, sampli
     record({"test": "ddtree_sampling", "backend": backend, **sampling, "samples": SAMPLES, "pvalues": pvalues,
             "distinct_tokens": [len({s[i] for s in ar}) for i in range(SAMPLED_TOKENS)]})  # fmt: skip
     assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+@pytest.fixture(scope="module")
+def tp_servers():
+    """AR and DDTree (tree check on) with --tp 2 on flashinfer; {kind: url or an error string}."""
+    base = ["--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", "flashinfer", "--dtype", "bfloat16",
+            "--tp", "2", *FLAGS]  # fmt: skip
+    configs = {
+        "ar": (["--algo", "ar", *base], {}),
+        "ddtree": (["--algo", "ddtree", *base, "--draft-model-path", f"{MODELS}/dflash_v64", "--budget", str(BUDGET)],
+                   {"SGLANG_DDTREE_CHECK_TP_TREES": "1"}),
+    }  # fmt: skip
+
+    def start(stack: ExitStack, kind: str):
+        args, env = configs[kind]
+        try:
+            return kind, stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=420))
+        except AssertionError as e:
+            return kind, str(e)
+
+    with ExitStack() as stack, ThreadPoolExecutor(len(configs)) as pool:
+        yield dict(pool.map(lambda kind: start(stack, kind), configs))
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two GPUs (the nvidia-h200-x2 machine)")
+def test_tensor_parallel_ranks_build_identical_trees_and_match_ar(tp_servers):
+    """TP=2 with CUDA graphs: every rank's tree is compared after every build (all-gathered), and the
+    output follows AR's under the bf16 margin rule."""
+    ar_url, ddtree_url = tp_servers["ar"], tp_servers["ddtree"]
+    assert ar_url.startswith("http://") and ddtree_url.startswith("http://"), (ar_url, ddtree_url)
+    expected = [o["output_ids"] for o in generate_all(ar_url, PROMPTS)]
+    outputs = generate_all(ddtree_url, PROMPTS)
+    assert_lossless("flashinfer", ar_url, PROMPTS, expected, [o["output_ids"] for o in outputs], "tp2")
+    check = http_json(ddtree_url + "/server_info")["internal_states"][0]["ddtree_tp_tree_check"]
+    record({"test": "ddtree_tp_tree_check", **check})
+    assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
+    assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in outputs) > 0
