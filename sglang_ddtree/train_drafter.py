@@ -1,0 +1,291 @@
+"""``python -m sglang_ddtree.train_drafter``: train a DFlash drafter for a target by self-distillation.
+
+    python -m sglang_ddtree.train_drafter --target PATH --out DIR [--prompts FILE] [--steps N] ...
+
+1. Data: the target answers a pool of training prompts (its chat template applied when it has one), greedily
+   and by sampling; the drafter learns to predict the target's own continuations.
+2. Training (DFlash recipe, anchors.md §2): frozen target; its hidden states after ``--num-features`` layers
+   (upstream's layer choice) are the drafter's context; random anchors in the answers; blocks of
+   ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``;
+   AdamW, warm-up then cosine decay, gradient clipping; the target's embedding and LM head are shared.
+3. Output: ``DIR`` in the upstream ``DFlashDraftModel`` format, with the mask token resolved for the
+   target's tokenizer, plus ``training.json`` (losses, held-out per-position accuracy and the chain
+   acceptance length it implies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
+
+UPSTREAM_MASK_TOKEN = "<|MASK|>"
+DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # DFlash's loss decay per block size
+
+
+class TrainDrafterError(ValueError):
+    """Bad arguments or inputs; printed as one line."""
+
+
+@dataclass
+class Sequence:
+    ids: list[int]
+    answer_start: int  # first generated position
+
+
+def resolve_mask_token(tokenizer, vocab_size: int) -> tuple[str, int]:
+    """The mask token the drafter is trained with, and the id SGLang will resolve for it.
+
+    A tokenizer that knows ``<|MASK|>`` (or declares a mask token) keeps it; otherwise the first embedding
+    row past the tokenizer (SGLang adds ``<|MASK|>`` to the tokenizer at that id); otherwise the unknown
+    token, which chat text does not produce.
+    """
+    vocab = tokenizer.get_vocab()
+    if UPSTREAM_MASK_TOKEN in vocab:
+        return UPSTREAM_MASK_TOKEN, int(vocab[UPSTREAM_MASK_TOKEN])
+    if tokenizer.mask_token is not None:
+        return tokenizer.mask_token, int(tokenizer.mask_token_id)
+    if len(tokenizer) < vocab_size:
+        return UPSTREAM_MASK_TOKEN, len(tokenizer)
+    if tokenizer.unk_token is not None and tokenizer.unk_token_id not in (tokenizer.eos_token_id, tokenizer.bos_token_id):
+        return tokenizer.unk_token, int(tokenizer.unk_token_id)
+    raise TrainDrafterError("cannot choose a mask token: the tokenizer has no spare or unknown token")
+
+
+def load_prompts(path: str) -> list[str]:
+    """One prompt per line of a text file, or the ``prompt`` field of each JSON line of a ``.jsonl`` file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f if line.strip()]
+    except OSError as e:
+        raise TrainDrafterError(f"cannot read prompts '{path}': {e.strerror}") from None
+    if path.endswith(".jsonl"):
+        try:
+            return [json.loads(line)["prompt"] for line in lines]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise TrainDrafterError(f"prompts '{path}': every line must be a JSON object with 'prompt' ({e})") from None
+    return lines
+
+
+@torch.no_grad()
+def self_distill(model, tokenizer, prompts: list[str], max_new_tokens: int, sampled_fraction: float,
+                 batch_size: int, seed: int) -> list[Sequence]:  # fmt: skip
+    """The target's own answers: greedy for a share of the prompts, temperature-1 samples for the rest."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    device = next(model.parameters()).device
+    tokenizer.padding_side = "left"
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    sequences = []
+    for start in range(0, len(prompts), batch_size):
+        texts = prompts[start : start + batch_size]
+        if getattr(tokenizer, "chat_template", None):
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                   tokenize=False) for t in texts]  # fmt: skip
+            encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+        else:
+            encoded = [tokenizer(t)["input_ids"] for t in texts]
+        width = max(len(ids) for ids in encoded)
+        input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
+        attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
+        sample = float(torch.rand((), generator=generator)) < sampled_fraction
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=sample,
+            temperature=1.0 if sample else None, top_p=None, top_k=None, pad_token_id=pad_id,
+        )  # fmt: skip
+        for ids, generated in zip(encoded, out[:, width:].tolist()):
+            if tokenizer.eos_token_id in generated:
+                generated = generated[: generated.index(tokenizer.eos_token_id) + 1]
+            sequences.append(Sequence(ids=ids + generated, answer_start=len(ids)))
+    return sequences
+
+
+def target_features(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
+    """Concatenated outputs of the target layers ``layer_ids`` (HF ``hidden_states[i + 1]``): ``[S, T, F*H]``."""
+    with torch.no_grad():
+        hidden = model(input_ids=input_ids, output_hidden_states=True).hidden_states
+    return torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)
+
+
+def make_batch(sequences: list[Sequence], anchors: int, block: int, pad_id: int, rng: random.Random, device):
+    """Right-padded ids ``[S, T]`` and anchor positions ``[S, A]`` inside the answers."""
+    width = max(len(s.ids) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    anchor_pos = torch.zeros((len(sequences), anchors), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq.ids)] = torch.tensor(seq.ids)
+        # Anchors are answer tokens (the first one is the token the prefill produces), with the whole block
+        # inside the sequence; the caller keeps only answers longer than a block.
+        first, last = seq.answer_start, len(seq.ids) - block
+        anchor_pos[row] = torch.tensor([rng.randint(first, last) for _ in range(anchors)])
+    return ids.to(device), anchor_pos.to(device)
+
+
+def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: torch.Tensor, mask_token_id: int,
+               gamma: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Weighted block cross-entropy and per-position top-1 hits ``[B-1]`` (for acceptance estimates)."""
+    block = drafter.shape.block_size
+    offsets = torch.arange(block, device=ids.device)
+    positions = anchor_pos[..., None] + offsets  # [S, A, B]
+    labels = torch.gather(ids[:, None, :].expand(-1, anchor_pos.shape[1], -1), 2, positions)  # [S, A, B]
+    block_ids = torch.full_like(labels, mask_token_id)
+    block_ids[..., 0] = labels[..., 0]
+    embed = model.get_input_embeddings()
+    features = target_features(model, ids, drafter.shape.target_layer_ids)
+    visible = torch.arange(ids.shape[1], device=ids.device)[None, None, :] < anchor_pos[..., None]  # [S, A, T]
+    hidden = drafter(embed(block_ids).detach(), positions, features.detach(), visible)
+    logits = model.get_output_embeddings()(hidden[..., 1:, :]).float()  # [S, A, B-1, V]
+    targets = labels[..., 1:]
+    losses = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none").view(targets.shape)
+    weights = torch.exp(-torch.arange(block - 1, device=ids.device, dtype=torch.float32) / gamma)
+    loss = (losses * weights).sum() / (weights.sum() * targets.shape[0] * targets.shape[1])
+    hits = (logits.argmax(-1) == targets).float().mean(dim=(0, 1))
+    return loss, hits
+
+
+def chain_acceptance_length(hits: torch.Tensor) -> float:
+    """Expected tokens per verify of a chain drafter whose depth-k guesses are right with rate ``hits[k]``
+    (treating depths as independent): 1 + sum_k prod_{j<=k} hits[j]."""
+    return 1.0 + float(torch.cumprod(hits, 0).sum())
+
+
+def train(args: argparse.Namespace) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = AutoModelForCausalLM.from_pretrained(args.target, torch_dtype=dtype).to(device).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    with open(os.path.join(args.target, "config.json")) as f:
+        target_config = json.load(f)
+    mask_token, mask_token_id = resolve_mask_token(tokenizer, int(target_config["vocab_size"]))
+    shape = DrafterShape.for_target(target_config, args.num_layers, args.num_features, args.block_size)
+    drafter = DFlashDrafter(shape).to(device)
+    for name, parameter in drafter.named_parameters():
+        if parameter.dim() > 1:
+            torch.nn.init.normal_(parameter, std=0.02)
+
+    t0 = time.time()
+    prompts = load_prompts(args.prompts)
+    if args.max_prompts:
+        prompts = prompts[: args.max_prompts]
+    rng = random.Random(args.seed)
+    rng.shuffle(prompts)
+    held_out = max(1, int(len(prompts) * args.held_out_fraction))
+    sequences = self_distill(model, tokenizer, prompts, args.max_new_tokens, args.sampled_fraction,
+                             args.generate_batch_size, args.seed)  # fmt: skip
+    sequences = [s for s in sequences if len(s.ids) > s.answer_start + args.block_size]
+    if len(sequences) <= held_out:
+        raise TrainDrafterError(f"only {len(sequences)} usable answers (longer than a block): add prompts or tokens")
+    evaluation, training = sequences[:held_out], sequences[held_out:]
+    data_seconds = time.time() - t0
+    print(f"self-distillation: {len(training)} training / {len(evaluation)} held-out answers in {data_seconds:.0f}s",
+          flush=True)  # fmt: skip
+
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = max(1, int(args.steps * args.warmup_fraction))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))),
+    )
+    gamma = DECAY_GAMMA.get(args.block_size, args.block_size / 2.3)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    losses = []
+    for step in range(args.steps):
+        batch = [rng.choice(training) for _ in range(args.batch_size)]
+        ids, anchors = make_batch(batch, args.anchors, args.block_size, pad_id, rng, device)
+        with autocast:
+            loss, _ = block_loss(drafter, model, ids, anchors, mask_token_id, gamma)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if step % args.log_every == 0 or step == args.steps - 1:
+            print(f"step {step:5d}  loss {losses[-1]:.4f}  lr {schedule.get_last_lr()[0]:.2e}", flush=True)
+
+    drafter.eval()
+    hits = []
+    with torch.no_grad(), autocast:
+        for start in range(0, len(evaluation), args.batch_size):
+            ids, anchors = make_batch(evaluation[start : start + args.batch_size], args.anchors, args.block_size,
+                                      pad_id, rng, device)  # fmt: skip
+            hits.append(block_loss(drafter, model, ids, anchors, mask_token_id, gamma)[1])
+    held_out_hits = torch.stack(hits).mean(0).cpu()
+    drafter.to(torch.bfloat16).save_pretrained(args.out, target_config, mask_token, mask_token_id)
+    report = {
+        "target": args.target, "steps": args.steps, "seconds": round(time.time() - t0, 1),
+        "data_seconds": round(data_seconds, 1), "training_answers": len(training), "held_out_answers": len(evaluation),
+        "mask_token": mask_token, "mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids),
+        "first_losses": losses[:5], "last_losses": losses[-5:],
+        "held_out_top1_by_position": [round(float(h), 4) for h in held_out_hits],
+        "held_out_chain_acceptance_length": round(chain_acceptance_length(held_out_hits), 3),
+        "args": vars(args),
+    }  # fmt: skip
+    with open(os.path.join(args.out, "training.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    return report
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = _OneLineErrors(prog="python -m sglang_ddtree.train_drafter", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
+    parser.add_argument("--out", required=True, help="output folder for the drafter")
+    parser.add_argument("--prompts", required=True, help="training prompts: .txt (one per line) or .jsonl ('prompt')")
+    parser.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")
+    parser.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=1")
+    parser.add_argument("--held-out-fraction", type=float, default=0.05)
+    parser.add_argument("--num-layers", type=int, default=1, help="drafter decoder layers")
+    parser.add_argument("--num-features", type=int, default=3, help="target layers feeding the drafter")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    parser.add_argument("--anchors", type=int, default=32, help="blocks per sequence per step")
+    parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--warmup-fraction", type=float, default=0.04)
+    parser.add_argument("--generate-batch-size", type=int, default=32)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16" if torch.cuda.is_available() else "float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=50)
+    args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.target, "config.json")):
+        parser.error(f"--target '{args.target}' is not a model folder (no config.json)")
+    if args.block_size < 2 or args.steps < 1 or args.num_layers < 1 or args.num_features < 1:
+        parser.error("--block-size must be >= 2 and --steps, --num-layers, --num-features >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        report = train(args)
+    except TrainDrafterError as e:
+        print(f"sglang_ddtree.train_drafter: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(json.dumps({k: report[k] for k in ("last_losses", "held_out_chain_acceptance_length")}))
+
+
+if __name__ == "__main__":
+    main()
