@@ -15,7 +15,6 @@ English chat models), and deduplicated. Output rows: ``{"id", "source", "prompt"
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -24,6 +23,8 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
+
+from sglang_ddtree.cli import OneLineArgumentParser
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def build_pool(wheels: dict[PromptSource, str], per_task: int) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sglang_ddtree.prompt_pool", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.prompt_pool", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output .jsonl")
     parser.add_argument("--wheel-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "sglang_ddtree", "wheels"))
     parser.add_argument("--per-task", type=int, default=20, help="prompts per Evals task folder")

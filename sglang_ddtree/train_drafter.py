@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from sglang_ddtree.cli import OneLineArgumentParser
 from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
 
 UPSTREAM_MASK_TOKEN = "<|MASK|>"
@@ -241,14 +242,8 @@ def train(args: argparse.Namespace) -> dict:
     return report
 
 
-class _OneLineErrors(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = _OneLineErrors(prog="python -m sglang_ddtree.train_drafter", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.train_drafter", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
     parser.add_argument("--out", required=True, help="output folder for the drafter")
     parser.add_argument("--prompts", required=True, help="training prompts: .txt (one per line) or .jsonl ('prompt')")

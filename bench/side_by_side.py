@@ -1,0 +1,404 @@
+"""Side-by-side benchmark: AR, MTP, DFlash and DDTree served by SGLang with one set of server flags.
+
+    python -m bench.side_by_side --model-path P [--draft-model-path D] --algos ar,mtp,dflash,ddtree \\
+        [--budgets 16,32,64] [--concurrency 1,4,16] [--temperatures 0,1] [--datasets mt_bench,humaneval] \\
+        [--num-prompts N] [--max-new-tokens 256] [--tp 2] --out DIR [-- shared SGLang server flags ...]
+
+Each configuration (one per algorithm; DDTree once per budget) is launched in turn through
+``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``. It is
+warmed up on prompts that are not benchmark prompts, its prefix cache is flushed, and then every
+(temperature, concurrency) cell sends the same prompts through streaming ``/generate``. MT-Bench prompts
+go through the model's chat template; HumanEval prompts are raw completion prompts.
+
+Per request: TTFT, TPOT, decode tok/s (tokens after the first / time after the first), end-to-end tok/s,
+tau (completion tokens per verify, bonus included) and the acceptance histogram. Per cell: medians, output
+throughput, speedups vs AR and vs MTP. Greedy outputs are compared with AR's; since bf16 greedy decoding is
+not bitwise reproducible on a GPU, each divergence is listed with its prompt, position and AR's top-1/top-2
+log-probability margin there (AR's per-token top-2 are recorded in an extra, untimed pass).
+
+Writes ``side_by_side.json`` (every raw number and the exact commands), ``side_by_side.md`` and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from sglang_ddtree.cli import OneLineArgumentParser
+
+ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
+WARMUP_PROMPTS = [
+    "Describe the water cycle in two sentences.",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+]
+
+
+@dataclass
+class RequestRecord:
+    """One streamed ``/generate`` request, as measured by the client."""
+
+    config: str
+    dataset: str
+    prompt_id: str
+    temperature: float
+    concurrency: int
+    start: float
+    first_token: float
+    end: float
+    completion_tokens: int
+    verify_ct: int = 0
+    accept_histogram: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.first_token - self.start
+
+    @property
+    def tpot(self) -> Optional[float]:
+        return (self.end - self.first_token) / (self.completion_tokens - 1) if self.completion_tokens > 1 else None
+
+    @property
+    def decode_tok_s(self) -> Optional[float]:
+        tpot = self.tpot
+        return 1.0 / tpot if tpot else None
+
+    @property
+    def e2e_tok_s(self) -> float:
+        return self.completion_tokens / (self.end - self.start)
+
+
+def _median(values: list) -> Optional[float]:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(records: list[RequestRecord]) -> list[dict]:
+    """One row per (config, dataset, temperature, concurrency) cell."""
+    cells: dict[tuple, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        cells[r.config, r.dataset, r.temperature, r.concurrency].append(r)
+    rows = []
+    for (config, dataset, temperature, concurrency), cell in cells.items():
+        verifies = sum(r.verify_ct for r in cell)
+        histogram: list[int] = []
+        for r in cell:
+            histogram += [0] * (len(r.accept_histogram) - len(histogram))
+            for k, count in enumerate(r.accept_histogram):
+                histogram[k] += count
+        tokens = sum(r.completion_tokens for r in cell)
+        rows.append({
+            "config": config, "dataset": dataset, "temperature": temperature, "concurrency": concurrency,
+            "requests": len(cell), "ttft_s": _median([r.ttft for r in cell]), "tpot_s": _median([r.tpot for r in cell]),
+            "decode_tok_s": _median([r.decode_tok_s for r in cell]), "e2e_tok_s": _median([r.e2e_tok_s for r in cell]),
+            "output_tok_s": tokens / (max(r.end for r in cell) - min(r.start for r in cell)),
+            "tau": tokens / verifies if verifies else None, "accept_histogram": histogram,
+        })  # fmt: skip
+    add_speedups(rows)
+    return rows
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """``speedup_vs_<base>``: decode tok/s over the same cell's ``ar`` / ``mtp`` configuration."""
+    by_cell = {(r["config"], r["dataset"], r["temperature"], r["concurrency"]): r for r in rows}
+    for row in rows:
+        for base in ("ar", "mtp"):
+            other = by_cell.get((base, row["dataset"], row["temperature"], row["concurrency"]))
+            ratio = None
+            if other and other["decode_tok_s"] and row["decode_tok_s"]:
+                ratio = row["decode_tok_s"] / other["decode_tok_s"]
+            row[f"speedup_vs_{base}"] = ratio
+
+
+def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    """Greedy outputs that differ from AR's: prompt, configuration, first differing position and AR's
+    top-1/top-2 log-probability margin there (``ar_top2[prompt_id][i]`` for AR's token ``i``)."""
+    reference = {r.prompt_id: r.output_ids for r in records if r.config == "ar" and r.temperature == 0}
+    found = []
+    for r in records:
+        if r.config == "ar" or r.temperature != 0 or r.prompt_id not in reference:
+            continue
+        want = reference[r.prompt_id]
+        if r.output_ids == want:
+            continue
+        at = next((i for i, (a, b) in enumerate(zip(want, r.output_ids)) if a != b), min(len(want), len(r.output_ids)))
+        top2 = ar_top2.get(r.prompt_id, [])
+        margin = top2[at][0] - top2[at][1] if at < len(top2) else None
+        found.append({"config": r.config, "prompt_id": r.prompt_id, "concurrency": r.concurrency, "position": at,
+                      "ar_top2_margin": margin})  # fmt: skip
+    return found
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(meta: dict, rows: list[dict], divergences: list[dict]) -> str:
+    lines = [
+        "# Side-by-side: AR vs MTP vs DFlash vs DDTree", "",
+        f"{meta.get('date', '')} · commit {meta.get('commit', '?')} · {meta.get('gpu', '?')} · "
+        f"model {meta.get('model_path', '?')} · tp {meta.get('tp', '?')} · max new tokens {meta.get('max_new_tokens')}", "",
+        "| config | dataset | T | conc. | req | tau | decode tok/s | e2e tok/s | TTFT (s) | TPOT (ms) | output tok/s "
+        "| vs AR | vs MTP |",
+        "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]  # fmt: skip
+    for r in sorted(rows, key=lambda r: (r["dataset"], r["temperature"], r["concurrency"], r["config"])):
+        tpot_ms = r["tpot_s"] * 1000 if r["tpot_s"] is not None else None
+        lines.append(
+            f"| {r['config']} | {r['dataset']} | {r['temperature']:g} | {r['concurrency']} | {r['requests']} | "
+            f"{_fmt(r['tau'])} | {_fmt(r['decode_tok_s'], 1)} | {_fmt(r['e2e_tok_s'], 1)} | {_fmt(r['ttft_s'], 3)} | "
+            f"{_fmt(tpot_ms)} | {_fmt(r['output_tok_s'], 1)} | {_fmt(r['speedup_vs_ar'])}x | {_fmt(r['speedup_vs_mtp'])}x |"
+        )
+    lines += ["", f"Greedy divergences from AR: {len(divergences)}"]
+    for d in divergences:
+        lines.append(f"- {d['config']} {d['prompt_id']} (concurrency {d['concurrency']}): position {d['position']}, "
+                     f"AR top-1/top-2 margin {_fmt(d['ar_top2_margin'], 4)}")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows: list[dict], out: Path) -> list[str]:
+    """tok/s vs concurrency per configuration, tau histograms, and DDTree's budget sweep (PNG files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    written = []
+    for (dataset, temperature), group in sorted(_groups(rows, ("dataset", "temperature")).items()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for config, series in sorted(_groups(group, ("config",)).items()):
+            series.sort(key=lambda r: r["concurrency"])
+            ax.plot([r["concurrency"] for r in series], [r["output_tok_s"] for r in series], marker="o", label=config[0])
+        ax.set(xscale="log", xlabel="concurrency", ylabel="output tok/s", title=f"{dataset}, T={temperature:g}")
+        ax.legend()
+        written.append(_save(fig, out / f"throughput_{dataset}_T{temperature:g}.png"))
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for config, series in sorted(_groups(group, ("config",)).items()):
+            histogram = series[0]["accept_histogram"]
+            if histogram:
+                total = sum(histogram)
+                ax.plot(range(len(histogram)), [c / total for c in histogram], marker="o", label=config[0])
+        ax.set(xlabel="accepted draft tokens per verify", ylabel="share of verifies", title=f"{dataset}, T={temperature:g}")
+        ax.legend()
+        written.append(_save(fig, out / f"acceptance_{dataset}_T{temperature:g}.png"))
+    budgets = [r for r in rows if r["config"].startswith("ddtree B=") and r["concurrency"] == min(x["concurrency"] for x in rows)]
+    if budgets:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (dataset, temperature), series in sorted(_groups(budgets, ("dataset", "temperature")).items()):
+            series.sort(key=lambda r: int(r["config"].split("=")[1]))
+            ax.plot([int(r["config"].split("=")[1]) for r in series], [r["decode_tok_s"] for r in series], marker="o",
+                    label=f"{dataset} T={temperature:g}")  # fmt: skip
+        ax.set(xscale="log", xlabel="DDTree budget (tree nodes)", ylabel="decode tok/s per request", title="budget sweep")
+        ax.legend()
+        written.append(_save(fig, out / "ddtree_budget_sweep.png"))
+    return written
+
+
+def _groups(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(r[k] for k in keys)].append(r)
+    return groups
+
+
+def _save(fig, path: Path) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    from matplotlib import pyplot as plt
+
+    plt.close(fig)
+    return path.name
+
+
+def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: dict) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(records)
+    divergences = greedy_divergences(records, ar_top2)
+    report = {"meta": meta, "summary": rows, "divergences": divergences,
+              "requests": [asdict(r) for r in records]}  # fmt: skip
+    report["plots"] = plots(rows, out)
+    (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
+    (out / "side_by_side.md").write_text(markdown(meta, rows, divergences))
+    return report
+
+
+# --- running ------------------------------------------------------------------------------------------
+
+
+def stream_generate(url: str, payload: dict, timeout: float = 1800) -> tuple[float, float, float, dict]:
+    """POST a streaming ``/generate``; returns (start, first token, end, last chunk)."""
+    request = urllib.request.Request(url + "/generate", data=json.dumps({**payload, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    start = time.perf_counter()
+    first, last = None, None
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        for line in response:
+            line = line.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data:") :])
+            if first is None and chunk.get("meta_info", {}).get("completion_tokens", 0) > 0:
+                first = time.perf_counter()
+            last = chunk
+    end = time.perf_counter()
+    if last is None:
+        raise RuntimeError("the server streamed no chunk")
+    return start, first or end, end, last
+
+
+def run_cell(url: str, config: str, prompts: list[dict], temperature: float, concurrency: int,
+             max_new_tokens: int) -> list[RequestRecord]:  # fmt: skip
+    params = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+
+    def one(prompt: dict) -> RequestRecord:
+        start, first, end, last = stream_generate(url, {"input_ids": prompt["input_ids"], "sampling_params": params})
+        meta = last["meta_info"]
+        return RequestRecord(
+            config=config, dataset=prompt["dataset"], prompt_id=prompt["id"], temperature=temperature,
+            concurrency=concurrency, start=start, first_token=first, end=end,
+            completion_tokens=int(meta["completion_tokens"]), verify_ct=int(meta.get("spec_verify_ct") or 0),
+            accept_histogram=list(meta.get("spec_accept_histogram") or []), output_ids=list(last.get("output_ids") or []),
+        )  # fmt: skip
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, prompts))
+
+
+def ar_top2_logprobs(url: str, prompts: list[dict], max_new_tokens: int) -> dict[str, list[tuple[float, float]]]:
+    """AR's top-1/top-2 log-probabilities at each greedy position (an untimed pass)."""
+    out = {}
+    for prompt in prompts:
+        request = urllib.request.Request(url + "/generate", headers={"Content-Type": "application/json"}, data=json.dumps({
+            "input_ids": prompt["input_ids"], "return_logprob": True, "top_logprobs_num": 2,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}).encode())  # fmt: skip
+        with urllib.request.urlopen(request, timeout=1800) as response:
+            top = json.loads(response.read())["meta_info"]["output_top_logprobs"]
+        out[prompt["id"]] = [(step[0][0], step[1][0]) for step in top if len(step) >= 2]
+    return out
+
+
+def tokenized_prompts(rows: list[dict], model_path: str) -> list[dict]:
+    """``input_ids`` per prompt: MT-Bench through the chat template (when the model has one), HumanEval raw."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    out = []
+    for row in rows:
+        text = row["prompt"]
+        if row["dataset"] == "mt_bench" and getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)  # fmt: skip
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(text)["input_ids"]
+        out.append({**row, "input_ids": ids})
+    return out
+
+
+def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Launcher arguments per configuration name (DDTree once per budget)."""
+    common = ["--model-path", args.model_path, "--tp", str(args.tp)]
+    drafter = ["--draft-model-path", args.draft_model_path] if args.draft_model_path else []
+    configs = {}
+    for algo in args.algos:
+        if algo == "ddtree":
+            for budget in args.budgets:
+                configs[f"ddtree B={budget}"] = ["--algo", "ddtree", *common, *drafter, "--budget", str(budget)]
+        else:
+            configs[algo] = ["--algo", algo, *common, *(drafter if algo == "dflash" else [])]
+    return configs
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Own options, and the shared SGLang server flags after ``--``."""
+    own, shared = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = OneLineArgumentParser(prog="python -m bench.side_by_side", description=__doc__.splitlines()[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--draft-model-path")
+    parser.add_argument("--algos", type=lambda s: s.split(","), default=list(ALGORITHMS))
+    parser.add_argument("--budgets", type=_ints, default=[32], help="DDTree budgets (one configuration each)")
+    parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16])
+    parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
+    parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
+    parser.add_argument("--num-prompts", type=int, default=0, help="per dataset (0: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
+    parser.add_argument("--url", action="append", default=[], help="CONFIG=URL: attach instead of launching")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(own)
+    unknown = sorted(set(args.algos) - set(ALGORITHMS))
+    if unknown:
+        parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from {', '.join(ALGORITHMS)}")
+    if any(a in args.algos for a in ("dflash", "ddtree")) and not args.draft_model_path:
+        parser.error("dflash and ddtree need --draft-model-path")
+    if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(args.budgets) < 1:
+        parser.error("--concurrency and --budgets take positive integers")
+    return args, shared
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from tqdm import tqdm
+
+    from bench import prompts as prompt_sets
+    from bench.ddtree_overhead import server
+
+    args, shared = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.datasets:
+        chosen = prompt_sets.load([name], args.wheel_dir)
+        rows += chosen[: args.num_prompts] if args.num_prompts else chosen
+    prompts = tokenized_prompts(rows, args.model_path)
+    warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
+                                for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
+    attached = dict(item.split("=", 1) for item in args.url)
+    configs = configurations(args)
+    records, ar_top2, commands = [], {}, {}
+    cells = [(t, c) for t in args.temperatures for c in args.concurrency]
+    with tqdm(total=len(configs) * len(cells) * len(prompts), unit="req") as progress:
+        for config, launch_args in configs.items():
+            commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
+            with server([*launch_args, *shared], out / f"server_{config.replace(' ', '_')}.log") if config not in attached \
+                    else _attached(attached[config]) as url:  # fmt: skip
+                run_cell(url, config, warmup, 0.0, 1, 32)
+                urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=60)
+                if config == "ar" and 0.0 in args.temperatures:
+                    ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
+                for temperature, concurrency in cells:
+                    progress.set_description(f"{config} T={temperature:g} c={concurrency}")
+                    records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens)
+                    progress.update(len(prompts))
+    meta = {"date": time.strftime("%Y-%m-%d"), "model_path": args.model_path, "tp": args.tp,
+            "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
+    write_report(out, meta, records, ar_top2)
+    print((out / "side_by_side.md").read_text())
+
+
+class _attached:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def __enter__(self) -> str:
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    main()

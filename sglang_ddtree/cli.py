@@ -1,0 +1,14 @@
+"""Command-line conventions shared by the package's tools."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ``PROG: error: MESSAGE`` line and exit code 2 (no usage dump)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)

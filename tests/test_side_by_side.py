@@ -1,0 +1,91 @@
+"""The side-by-side benchmark's arguments, metrics and report, on recorded requests (no server)."""
+
+import json
+
+import pytest
+
+from bench import side_by_side
+from bench.side_by_side import RequestRecord
+
+
+def record(config, prompt_id, *, start=0.0, first=0.1, end=1.1, tokens=11, verifies=0, histogram=(), ids=(),
+           temperature=0.0, concurrency=1, dataset="mt_bench"):  # fmt: skip
+    return RequestRecord(config=config, dataset=dataset, prompt_id=prompt_id, temperature=temperature,
+                         concurrency=concurrency, start=start, first_token=first, end=end, completion_tokens=tokens,
+                         verify_ct=verifies, accept_histogram=list(histogram), output_ids=list(ids))  # fmt: skip
+
+
+RECORDS = [
+    record("ar", "mt_bench/81", end=1.1, ids=[5, 6, 7, 8]),
+    record("ar", "mt_bench/82", end=2.1, ids=[9, 9, 9, 9]),
+    # 10 tokens after the first in 0.5 s: 20 tok/s decode (AR: 10 tok/s); 11 tokens in 4 verifies.
+    record("ddtree B=32", "mt_bench/81", end=0.6, verifies=4, histogram=[1, 1, 1, 1], ids=[5, 6, 7, 8]),
+    record("ddtree B=32", "mt_bench/82", end=0.6, verifies=4, histogram=[0, 2, 2], ids=[9, 9, 4, 9]),
+    record("mtp", "mt_bench/81", end=0.85, verifies=5, histogram=[0, 5], ids=[5, 6, 7, 8]),
+    record("mtp", "mt_bench/82", end=0.85, verifies=5, histogram=[0, 5], ids=[9, 9, 9, 9]),
+]
+
+
+def test_cells_report_median_latencies_tau_histogram_throughput_and_speedups():
+    rows = {r["config"]: r for r in side_by_side.summarize(RECORDS)}
+    ar, ddtree, mtp = rows["ar"], rows["ddtree B=32"], rows["mtp"]
+    assert ar["requests"] == 2 and ar["tau"] is None
+    assert ar["ttft_s"] == pytest.approx(0.1)
+    assert ar["tpot_s"] == pytest.approx(0.15)  # median of 0.1 and 0.2 s per token after the first
+    assert ar["decode_tok_s"] == pytest.approx(7.5)  # median of 10 and 5 tok/s
+    assert ar["output_tok_s"] == pytest.approx(22 / 2.1)
+    assert ddtree["tau"] == pytest.approx(22 / 8) and ddtree["accept_histogram"] == [1, 3, 3, 1]
+    assert ddtree["decode_tok_s"] == pytest.approx(20.0)
+    assert ddtree["speedup_vs_ar"] == pytest.approx(20.0 / 7.5)
+    assert ddtree["speedup_vs_mtp"] == pytest.approx(20.0 / mtp["decode_tok_s"])
+    assert mtp["speedup_vs_mtp"] == pytest.approx(1.0)
+
+
+def test_greedy_divergence_is_reported_with_position_and_ar_margin():
+    ar_top2 = {"mt_bench/82": [(-0.1, -3.0), (-0.2, -2.0), (-0.7, -0.75), (-0.1, -4.0)]}
+    assert side_by_side.greedy_divergences(RECORDS, ar_top2) == [
+        {"config": "ddtree B=32", "prompt_id": "mt_bench/82", "concurrency": 1, "position": 2,
+         "ar_top2_margin": pytest.approx(0.05)},
+    ]  # fmt: skip
+
+
+def test_report_writes_json_markdown_and_plots(tmp_path):
+    meta = {"date": "2026-11-29", "commit": "abc1234", "gpu": "H200", "model_path": "m", "tp": 1, "max_new_tokens": 11}
+    report = side_by_side.write_report(tmp_path, meta, RECORDS, {})
+    saved = json.loads((tmp_path / "side_by_side.json").read_text())
+    assert saved["meta"] == meta and len(saved["requests"]) == len(RECORDS) and len(saved["summary"]) == 3
+    markdown = (tmp_path / "side_by_side.md").read_text()
+    assert "| ddtree B=32 | mt_bench | 0 | 1 | 2 | 2.75 | 20.0 |" in markdown
+    assert "Greedy divergences from AR: 1" in markdown
+    assert report["plots"] == ["throughput_mt_bench_T0.png", "acceptance_mt_bench_T0.png", "ddtree_budget_sweep.png"]
+    for name in report["plots"]:
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the_double_dash():
+    args, shared = side_by_side.parse_args(
+        ["--model-path", "M", "--draft-model-path", "D", "--algos", "ar,dflash,ddtree", "--budgets", "16,64",
+         "--tp", "2", "--out", "o", "--", "--attention-backend", "flashinfer"]
+    )  # fmt: skip
+    assert shared == ["--attention-backend", "flashinfer"]
+    assert side_by_side.configurations(args) == {
+        "ar": ["--algo", "ar", "--model-path", "M", "--tp", "2"],
+        "dflash": ["--algo", "dflash", "--model-path", "M", "--tp", "2", "--draft-model-path", "D"],
+        "ddtree B=16": ["--algo", "ddtree", "--model-path", "M", "--tp", "2", "--draft-model-path", "D", "--budget", "16"],
+        "ddtree B=64": ["--algo", "ddtree", "--model-path", "M", "--tp", "2", "--draft-model-path", "D", "--budget", "64"],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algos", "ar,beam"], "unknown algorithm(s) beam; choose from ar, mtp, dflash, ddtree"),
+        (["--algos", "ddtree"], "dflash and ddtree need --draft-model-path"),
+        (["--algos", "ar", "--concurrency", "0"], "--concurrency and --budgets take positive integers"),
+    ],
+)
+def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        side_by_side.parse_args(["--model-path", "M", "--out", "o", *argv])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == f"python -m bench.side_by_side: error: {message}\n"
