@@ -138,8 +138,8 @@ def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tup
     return found
 
 
-def _fmt(value, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+def _fmt(value, digits: int = 2, unit: str = "") -> str:
+    return "–" if value is None else f"{value:.{digits}f}{unit}"
 
 
 def markdown(meta: dict, rows: list[dict], divergences: list[dict]) -> str:
@@ -156,7 +156,8 @@ def markdown(meta: dict, rows: list[dict], divergences: list[dict]) -> str:
         lines.append(
             f"| {r['config']} | {r['dataset']} | {r['temperature']:g} | {r['concurrency']} | {r['requests']} | "
             f"{_fmt(r['tau'])} | {_fmt(r['decode_tok_s'], 1)} | {_fmt(r['e2e_tok_s'], 1)} | {_fmt(r['ttft_s'], 3)} | "
-            f"{_fmt(tpot_ms)} | {_fmt(r['output_tok_s'], 1)} | {_fmt(r['speedup_vs_ar'])}x | {_fmt(r['speedup_vs_mtp'])}x |"
+            f"{_fmt(tpot_ms)} | {_fmt(r['output_tok_s'], 1)} | {_fmt(r['speedup_vs_ar'], 2, 'x')} | "
+            f"{_fmt(r['speedup_vs_mtp'], 2, 'x')} |"
         )
     lines += ["", f"Greedy divergences from AR: {len(divergences)}"]
     for d in divergences:
@@ -383,10 +384,31 @@ def main(argv: Optional[list[str]] = None) -> None:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
                     records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens)
                     progress.update(len(prompts))
-    meta = {"date": time.strftime("%Y-%m-%d"), "model_path": args.model_path, "tp": args.tp,
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
             "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
     write_report(out, meta, records, ar_top2)
     print((out / "side_by_side.md").read_text())
+
+
+def _commit() -> str:
+    """The checkout's commit (with ``+dirty`` for uncommitted changes), or ``?`` outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return commit + ("+dirty" if dirty else "")
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
 class _attached:

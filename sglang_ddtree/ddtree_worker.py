@@ -124,11 +124,25 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         self._append_committed_to_draft_kv(batch, prefix_lens, result)
+        self._publish_read_done()
         result.logits_output.hidden_states = None  # not copied to the host under overlap scheduling
         result.next_draft_input = make_draft_input_v2(
             bonus_tokens=result.next_draft_input.bonus_tokens, new_seq_lens=result.new_seq_lens
         )
         return result
+
+    def _publish_read_done(self) -> None:
+        """Move the scheduler's write-after-read fence to the end of this step.
+
+        Under overlap scheduling the scheduler's next writes to the shared ``req_to_token`` table wait on a
+        read-done event. DFlash-family graph replays publish it *before* the replay (a chain verify reads
+        the table only there), but tree verification reads it again afterwards, to move the accepted
+        nodes' KV; publishing a fresh event here keeps those reads ahead of the writes.
+        """
+        if str(self.device).startswith("cuda"):
+            read_done = torch.cuda.Event()
+            read_done.record()
+            self.war_fastpath_runner.war_fastpath_read_done_event = read_done
 
     def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:
         """Run the drafter on ``[bonus, MASK...]`` per request; returns its hidden states ``[bs, block, H]``."""

@@ -56,6 +56,8 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
     assert saved["meta"] == meta and len(saved["requests"]) == len(RECORDS) and len(saved["summary"]) == 3
     markdown = (tmp_path / "side_by_side.md").read_text()
     assert "| ddtree B=32 | mt_bench | 0 | 1 | 2 | 2.75 | 20.0 |" in markdown
+    assert "| 2.67x | 1.50x |" in markdown  # DDTree's decode speedups vs AR and vs MTP
+    assert "| ar | mt_bench | 0 | 1 | 2 | – |" in markdown  # AR has no tau
     assert "Greedy divergences from AR: 1" in markdown
     assert report["plots"] == ["throughput_mt_bench_T0.png", "acceptance_mt_bench_T0.png", "ddtree_budget_sweep.png"]
     for name in report["plots"]:

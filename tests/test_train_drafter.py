@@ -90,16 +90,16 @@ def test_sglang_serves_the_trained_drafter_losslessly_with_higher_acceptance(tra
     engine = {**CPU_ENGINE_ARGS, "model_path": trained["target"], "attention_backend": "triton", "dtype": "float32",
               "disable_radix_cache": True}  # fmt: skip
     greedy = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
-    ar = run_engine_generate(engine, prompts, greedy)["sequential"]["output_ids"]
 
-    def dflash(drafter: str) -> float:
+    def dflash(drafter: str) -> tuple[list, float]:
         run = run_engine_generate({**engine, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter},
                                   prompts, greedy)["sequential"]  # fmt: skip
-        assert run["output_ids"] == ar
         metas = run["meta_info"]
-        return sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+        return run["output_ids"], sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
 
-    trained_length, untrained_length = dflash(trained["drafter"]), dflash(untrained)
+    (trained_ids, trained_length), (untrained_ids, untrained_length) = dflash(trained["drafter"]), dflash(untrained)
+    # Lossless either way (DFLASH == AR is tests/test_engine_cpu.py's test): the drafter changes only the speed.
+    assert trained_ids == untrained_ids
     assert trained_length > 1.6 and trained_length > untrained_length + 0.5, (trained_length, untrained_length)
 
 
