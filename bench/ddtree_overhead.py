@@ -19,17 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
+
+from sglang_ddtree.serving import launched_server
 
 COMMON_FLAGS = [
     "--context-length", "4096",
@@ -48,37 +45,6 @@ def post(url: str, payload: dict | None = None, timeout: float = 600) -> dict:
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read())
-
-
-@contextmanager
-def server(args: list[str], log_path: Path, ready_timeout: float = 480):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=os.environ.get("TMPDIR", "/tmp"))  # not the checkout: import the install  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + ready_timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server {args[:2]} exited with {proc.returncode}; see {log_path}")
-                try:
-                    with urllib.request.urlopen(url + "/health", timeout=5) as response:
-                        if response.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server {args[:2]} not healthy after {ready_timeout}s; see {log_path}")
-                time.sleep(1)
-            yield url
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=60)
 
 
 def measure(url: str, bs: int, new_tokens: int, prompt_len: int) -> dict:
@@ -123,7 +89,7 @@ def main() -> None:
             name, config = item
             log = out / f"server_{name.replace(' ', '_').replace('=', '')}.log"
             flags = [*config, "--attention-backend", args.attention_backend, *COMMON_FLAGS]
-            return name, stack.enter_context(server(flags, log))
+            return name, stack.enter_context(launched_server(flags, log_path=str(log), ready_timeout=480))
 
         urls = dict(pool.map(start, configs.items()))
         print(f"[{time.perf_counter() - t0:6.1f}s] {len(urls)} servers up", flush=True)

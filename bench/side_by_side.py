@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from sglang_ddtree.cli import OneLineArgumentParser
+from sglang_ddtree.serving import launched_server
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
 WARMUP_PROMPTS = [
@@ -355,7 +356,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     from tqdm import tqdm
 
     from bench import prompts as prompt_sets
-    from bench.ddtree_overhead import server
 
     args, shared = parse_args(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
@@ -374,7 +374,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     with tqdm(total=len(configs) * len(cells) * len(prompts), unit="req") as progress:
         for config, launch_args in configs.items():
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
-            with server([*launch_args, *shared], out / f"server_{config.replace(' ', '_')}.log") if config not in attached \
+            log = str(out / f"server_{config.replace(' ', '_')}.log")
+            with launched_server([*launch_args, *shared], log_path=log, ready_timeout=900) if config not in attached \
                     else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
                 urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=60)

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
+
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ENGINE_SCRIPT = os.path.join(TESTS_DIR, "engine_generate.py")
@@ -72,12 +70,6 @@ def run_engine_generate(
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
@@ -92,65 +84,6 @@ def record(entry: dict[str, Any]) -> None:
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(entry) + "\n")
-
-
-def server_log_path(port: int) -> str:
-    """Where :func:`launched_server` writes the server's stdout and stderr."""
-    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang_ddtree_server_{port}.log")
-
-
-@contextmanager
-def launched_server(args: list[str], port: int, env: dict[str, str] | None = None, ready_timeout: float = 300):
-    """Start ``python -m sglang_ddtree.launch ARGS --port PORT`` and yield its base URL once /health is 200."""
-    log = open(server_log_path(port), "w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        # Not the checkout: ``python -m`` would import the package from its sources there, where the top-level
-        # kernels/ folder is not yet ``sglang_ddtree.kernels`` (a non-editable install maps it).
-        cwd=os.environ.get("TMPDIR", "/tmp"),
-        start_new_session=True,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, base_url, log, ready_timeout)
-        yield base_url
-    finally:
-        _stop(proc)
-        log.close()
-
-
-def _wait_healthy(proc: subprocess.Popen, base_url: str, log, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited with {proc.returncode}:\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(base_url + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(1)
-    raise AssertionError(f"server not healthy after {timeout}s:\n{_tail(log)}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _tail(log, chars: int = 6000) -> str:
-    log.flush()
-    log.seek(0)
-    return log.read()[-chars:]
 
 
 @contextmanager

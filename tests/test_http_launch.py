@@ -6,7 +6,8 @@ import urllib.error
 import pytest
 
 import sglang_ddtree
-from support import free_port, http_json, launched_server, server_log_path
+from sglang_ddtree.serving import default_log_path, free_port, launched_server
+from support import http_json
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
 pytestmark = pytest.mark.slow
@@ -112,5 +113,5 @@ def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp
 
         info = http_json(url + "/server_info")["internal_states"][0]
         assert info["speculative_algorithm"] == "DDTREE" and info["speculative_num_draft_tokens"] == budget + 1
-    with open(server_log_path(port)) as log:
+    with open(default_log_path(port)) as log:
         assert "accept len: " in log.read()  # the per-interval mean acceptance length of the decode log

@@ -24,7 +24,8 @@ from contextlib import ExitStack
 
 import pytest
 
-from support import free_port, http_json, launched_server, record
+from sglang_ddtree.serving import ServerStartError, free_port, launched_server
+from support import http_json, record
 
 pytestmark = pytest.mark.gpu
 
@@ -70,7 +71,7 @@ def servers():
         t0 = time.perf_counter()
         try:
             url = stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=420))
-        except AssertionError as e:
+        except ServerStartError as e:
             return (kind, backend), str(e)
         record({"test": "ddtree_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
         return (kind, backend), url
@@ -258,7 +259,7 @@ def tp_servers():
         args, env = configs[kind]
         try:
             return kind, stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=420))
-        except AssertionError as e:
+        except ServerStartError as e:
             return kind, str(e)
 
     with ExitStack() as stack, ThreadPoolExecutor(len(configs)) as pool:

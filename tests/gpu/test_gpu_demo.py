@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from support import free_port, http_json, launched_server
+from sglang_ddtree.serving import free_port, launched_server
+from support import http_json
 from test_gpu_servers import record
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,8 @@ from contextlib import ExitStack
 import pytest
 
 import sglang_ddtree
-from support import free_port, http_json, launched_server, record
+from sglang_ddtree.serving import ServerStartError, free_port, launched_server
+from support import http_json, record
 
 pytestmark = pytest.mark.gpu
 
@@ -68,7 +69,7 @@ def servers():
                     ready_timeout=420,
                 )
             )
-        except AssertionError as e:  # reported by the tests of this server only
+        except ServerStartError as e:  # reported by the tests of this server only
             return (algo, backend), (None, str(e))
         return (algo, backend), (url, time.perf_counter() - t0)
 

@@ -1,0 +1,95 @@
+"""Run ``python -m sglang_ddtree.launch`` as a child process: for benchmarks, tests and scripts.
+
+:func:`launched_server` starts the launcher in its own process group, waits until ``/health`` answers 200 and
+stops the whole group (scheduler and detokenizer children included) on exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy; the message ends with the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_log_path(port: int) -> str:
+    return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang_ddtree_server_{port}.log")
+
+
+@contextmanager
+def launched_server(
+    args: list[str],
+    port: Optional[int] = None,
+    *,
+    env: Optional[dict[str, str]] = None,
+    log_path: Optional[str] = None,
+    ready_timeout: float = 300,
+) -> Iterator[str]:
+    """Start ``python -m sglang_ddtree.launch ARGS --port PORT`` and yield its base URL once it is healthy.
+
+    The child runs outside the checkout: there, ``python -m`` would import this package from its sources, where
+    the top-level kernels/ folder is not yet ``sglang_ddtree.kernels`` (an install maps it).
+    """
+    port = free_port() if port is None else port
+    with open(log_path or default_log_path(port), "w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=os.environ.get("TMPDIR", "/tmp"),
+            start_new_session=True,
+        )
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_healthy(proc, base_url, log, ready_timeout)
+            yield base_url
+        finally:
+            _stop(proc)
+
+
+def _wait_healthy(proc: subprocess.Popen, base_url: str, log, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(f"server exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(1)
+    raise ServerStartError(f"server not healthy after {timeout}s:\n{_tail(log)}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _tail(log, chars: int = 6000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read()[-chars:]
