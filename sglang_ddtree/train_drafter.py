@@ -39,7 +39,9 @@ class TrainDrafterError(ValueError):
 
 
 @dataclass
-class Sequence:
+class DistilledAnswer:
+    """A prompt and the target's own answer to it, as token ids."""
+
     ids: list[int]
     answer_start: int  # first generated position
 
@@ -80,7 +82,7 @@ def load_prompts(path: str) -> list[str]:
 
 @torch.no_grad()
 def self_distill(model, tokenizer, prompts: list[str], max_new_tokens: int, sampled_fraction: float,
-                 batch_size: int, seed: int) -> list[Sequence]:  # fmt: skip
+                 batch_size: int, seed: int) -> list[DistilledAnswer]:  # fmt: skip
     """The target's own answers: greedy for a share of the prompts, temperature-1 samples for the rest."""
     generator = torch.Generator(device="cpu").manual_seed(seed)
     device = next(model.parameters()).device
@@ -106,7 +108,7 @@ def self_distill(model, tokenizer, prompts: list[str], max_new_tokens: int, samp
         for ids, generated in zip(encoded, out[:, width:].tolist()):
             if tokenizer.eos_token_id in generated:
                 generated = generated[: generated.index(tokenizer.eos_token_id) + 1]
-            sequences.append(Sequence(ids=ids + generated, answer_start=len(ids)))
+            sequences.append(DistilledAnswer(ids=ids + generated, answer_start=len(ids)))
     return sequences
 
 
@@ -117,7 +119,7 @@ def target_features(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) 
     return torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)
 
 
-def make_batch(sequences: list[Sequence], anchors: int, block: int, pad_id: int, rng: random.Random, device):
+def make_batch(sequences: list[DistilledAnswer], anchors: int, block: int, pad_id: int, rng: random.Random, device):
     """Right-padded ids ``[S, T]`` and anchor positions ``[S, A]`` inside the answers."""
     width = max(len(s.ids) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
@@ -174,7 +176,7 @@ def train(args: argparse.Namespace) -> dict:
     mask_token, mask_token_id = resolve_mask_token(tokenizer, int(target_config["vocab_size"]))
     shape = DrafterShape.for_target(target_config, args.num_layers, args.num_features, args.block_size)
     drafter = DFlashDrafter(shape).to(device)
-    for name, parameter in drafter.named_parameters():
+    for parameter in drafter.parameters():
         if parameter.dim() > 1:
             torch.nn.init.normal_(parameter, std=0.02)
 
