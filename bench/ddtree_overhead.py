@@ -8,7 +8,8 @@ verify width of DFLASH (``budget = block - 1``) and at budgets 16, 32 and 64.
 All servers are started side by side through ``python -m sglang_ddtree.launch`` with CUDA graphs on, then
 measured one after the other: for each batch size, ``bs`` concurrent greedy requests of ``--new-tokens``
 tokens; step time = wall time / verify steps of the slowest request (AR: / tokens). Median over
-``--repeats``.
+``--repeats``. DDTree servers run with ``SGLANG_DDTREE_PROFILE_STEPS=1`` (CUDA events, no host sync): the
+second table splits their GPU step time into the phases of ``sglang_ddtree.ddtree_step_profile``.
 
     python bench/ddtree_overhead.py --models /tmp/tiny_models --out bench/results/ddtree_overhead
 
@@ -26,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV
 from sglang_ddtree.serving import launched_server
 
 COMMON_FLAGS = [
@@ -60,6 +62,17 @@ def measure(url: str, bs: int, new_tokens: int, prompt_len: int) -> dict:
     return {"wall_s": wall, "steps": steps, "step_ms": 1000 * wall / steps, "tok_s": tokens / wall, "accept_len": accept}
 
 
+def step_profile(url: str) -> dict | None:
+    """The server's ``ddtree_step_profile`` (None when it has none)."""
+    return post(url + "/server_info")["internal_states"][0].get("ddtree_step_profile")
+
+
+def phase_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean ms per step of each phase over the steps profiled between two snapshots."""
+    steps = max(1, after["steps"] - before["steps"])
+    return {p: (after["total_ms"][p] - before["total_ms"][p]) / steps for p in PHASES}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="/tmp/tiny_models", help="tests/tiny_models.py --out folder")
@@ -89,7 +102,8 @@ def main() -> None:
             name, config = item
             log = out / f"server_{name.replace(' ', '_').replace('=', '')}.log"
             flags = [*config, "--attention-backend", args.attention_backend, *COMMON_FLAGS]
-            return name, stack.enter_context(launched_server(flags, log_path=str(log), ready_timeout=480))
+            env = {PROFILE_STEPS_ENV: "1"} if name.startswith("ddtree") else {}
+            return name, stack.enter_context(launched_server(flags, log_path=str(log), env=env, ready_timeout=480))
 
         urls = dict(pool.map(start, configs.items()))
         print(f"[{time.perf_counter() - t0:6.1f}s] {len(urls)} servers up", flush=True)
@@ -98,9 +112,12 @@ def main() -> None:
             verify_width = info.get("speculative_num_draft_tokens") or 1
             for bs in batch_sizes:
                 measure(url, bs, 16, args.prompt_len)  # warm-up
+                before = step_profile(url)
                 runs = [measure(url, bs, args.new_tokens, args.prompt_len) for _ in range(args.repeats)]
                 row = {"algo": name, "verify_width": verify_width, "bs": bs,
                        **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}  # fmt: skip
+                if before is not None:
+                    row["phase_ms"] = phase_means(before, step_profile(url))
                 rows.append(row)
                 print(f"[{time.perf_counter() - t0:6.1f}s] {name} bs={bs}: {row['step_ms']:.3f} ms/step, "
                       f"accept {row['accept_len']:.3f}", flush=True)  # fmt: skip
@@ -119,6 +136,12 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['algo']} | {r['verify_width']} | {r['bs']} | {r['step_ms']:.3f} | "
                      f"{r['step_ms'] / dflash[r['bs']]:.2f}x | {r['tok_s']:.0f} | {r['accept_len']:.3f} |")  # fmt: skip
+    lines += ["", "DDTree GPU time per step by phase (ms; CUDA events, including the GPU waiting for launches):", "",
+              "| algo | bs | " + " | ".join(PHASES) + " | sum |", "|:--|---:|" + "---:|" * (len(PHASES) + 1)]  # fmt: skip
+    for r in rows:
+        if r.get("phase_ms"):
+            cells = " | ".join(f"{r['phase_ms'][p]:.3f}" for p in PHASES)
+            lines.append(f"| {r['algo']} | {r['bs']} | {cells} | {sum(r['phase_ms'].values()):.3f} |")
     (out / "ddtree_overhead.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

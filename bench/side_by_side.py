@@ -2,7 +2,7 @@
 
     python -m bench.side_by_side --model-path P [--draft-model-path D] --algos ar,mtp,dflash,ddtree \\
         [--budgets 16,32,64] [--concurrency 1,4,16] [--temperatures 0,1] [--datasets mt_bench,humaneval] \\
-        [--num-prompts N] [--max-new-tokens 256] [--tp 2] --out DIR [-- shared SGLang server flags ...]
+        [--num-prompts N] [--max-new-tokens 256] [--tp 2] --out DIR [--resume] [-- shared SGLang server flags ...]
 
 Each configuration (one per algorithm; DDTree once per budget) is launched in turn through
 ``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``. It is
@@ -16,7 +16,9 @@ throughput, speedups vs AR and vs MTP. Greedy outputs are compared with AR's; si
 not bitwise reproducible on a GPU, each divergence is listed with its prompt, position and AR's top-1/top-2
 log-probability margin there (AR's per-token top-2 are recorded in an extra, untimed pass).
 
-Writes ``side_by_side.json`` (every raw number and the exact commands), ``side_by_side.md`` and PNG plots.
+Writes ``side_by_side.json`` (every raw number and the exact commands), ``side_by_side.md`` and PNG plots,
+after every configuration; ``--resume`` keeps the configurations already in ``DIR`` and measures the others
+(a long sweep split over several runs on one machine).
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: d
     rows = summarize(records)
     divergences = greedy_divergences(records, ar_top2)
     report = {"meta": meta, "summary": rows, "divergences": divergences,
-              "requests": [asdict(r) for r in records]}  # fmt: skip
+              "requests": [asdict(r) for r in records], "ar_top2": ar_top2}  # fmt: skip
     report["plots"] = plots(rows, out)
     (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
     (out / "side_by_side.md").write_text(markdown(meta, rows, divergences))
@@ -341,6 +343,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
     parser.add_argument("--url", action="append", default=[], help="CONFIG=URL: attach instead of launching")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the configurations already measured in --out and run only the others")
     args = parser.parse_args(own)
     unknown = sorted(set(args.algos) - set(ALGORITHMS))
     if unknown:
@@ -369,10 +373,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                                 for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
     attached = dict(item.split("=", 1) for item in args.url)
     configs = configurations(args)
-    records, ar_top2, commands = [], {}, {}
+    records, ar_top2, commands = resumed(out) if args.resume else ([], {}, {})
+    done = {r.config for r in records}
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
+            "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
-    with tqdm(total=len(configs) * len(cells) * len(prompts), unit="req") as progress:
-        for config, launch_args in configs.items():
+    todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
+    with tqdm(total=len(todo) * len(cells) * len(prompts), unit="req") as progress:
+        for config, launch_args in todo.items():
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
             log = str(out / f"server_{config.replace(' ', '_')}.log")
             with launched_server([*launch_args, *shared], log_path=log, ready_timeout=900) if config not in attached \
@@ -385,14 +393,26 @@ def main(argv: Optional[list[str]] = None) -> None:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
                     records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens)
                     progress.update(len(prompts))
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
-            "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
-    write_report(out, meta, records, ar_top2)
+            # After every configuration, so that a run cut short (or resumed later) keeps what it measured.
+            write_report(out, meta, records, ar_top2)
     print((out / "side_by_side.md").read_text())
 
 
+def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict]:
+    """Records, AR's top-2 log-probabilities and commands of the report already in ``out`` (``--resume``)."""
+    path = out / "side_by_side.json"
+    if not path.is_file():
+        return [], {}, {}
+    report = json.loads(path.read_text())
+    records = [RequestRecord(**r) for r in report["requests"]]
+    ar_top2 = {k: [tuple(pair) for pair in v] for k, v in report.get("ar_top2", {}).items()}
+    return records, ar_top2, dict(report["meta"].get("commands", {}))
+
+
 def _commit() -> str:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), or ``?`` outside a git checkout."""
+    """The checkout's commit (with ``+dirty`` for uncommitted changes); outside a git checkout (a copied
+    tree, as on the GPU machine) ``$SGLANG_DDTREE_COMMIT`` as given, else ``?``."""
+    import os
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
@@ -402,7 +422,7 @@ def _commit() -> str:
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
-        return "?"
+        return os.environ.get("SGLANG_DDTREE_COMMIT", "?")
     return commit + ("+dirty" if dirty else "")
 
 

@@ -38,6 +38,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
+from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.kernels.tree_topk import local_topk_payload, merge_topk_payloads, topk_logprobs
 from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree_from_topk
@@ -92,9 +93,12 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE expected DFlashDraftInputV2 state on the running batch.")
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
+        timer = STEP_PROFILE.start(self.device)
         prefix_lens = batch.seq_lens
         draft_hidden = self._draft_block(batch, draft_input)
+        timer.mark()
         top_logprobs, top_tokens = self._draft_candidates(draft_hidden[:, 1:, :])
+        timer.mark()
         tree = build_ddtree_from_topk(
             top_logprobs,
             top_tokens,
@@ -106,6 +110,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
         batch.spec_info = self._verify_input(tree, batch)
+        timer.mark()
         result = run_eagle_verify(
             batch,
             target_worker=self.target_worker,
@@ -121,9 +126,12 @@ class DDTreeWorker(DFlashWorkerV2):
             finalize_tree_path=True,
             grammar_barrier=grammar_barrier,
         )
+        timer.mark()
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         self._append_committed_to_draft_kv(batch, prefix_lens, result)
+        timer.mark()
+        STEP_PROFILE.finish(timer)
         self._publish_read_done()
         result.logits_output.hidden_states = None  # not copied to the host under overlap scheduling
         result.next_draft_input = make_draft_input_v2(

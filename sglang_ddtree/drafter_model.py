@@ -158,6 +158,14 @@ class DrafterLayer(nn.Module):
         return block + self.down_proj(F.silu(self.gate_proj(mlp_in)) * self.up_proj(mlp_in))
 
 
+_UPSTREAM_LAYER_NAMES = {
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
+    "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
+    "input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
+}  # fmt: skip
+
+
 class DFlashDrafter(nn.Module):
     def __init__(self, shape: DrafterShape) -> None:
         super().__init__()
@@ -184,19 +192,24 @@ class DFlashDrafter(nn.Module):
 
     def upstream_state_dict(self) -> dict[str, torch.Tensor]:
         """Weights under the names SGLang's ``DFlashDraftModel.load_weights`` reads."""
-        names = {
-            "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-            "o_proj": "self_attn.o_proj", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm",
-            "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj",
-            "input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
-        }  # fmt: skip
         out = {}
         for name, tensor in self.state_dict().items():
             parts = name.split(".")
             if parts[0] == "layers":
-                parts[2] = names[parts[2]]
+                parts[2] = _UPSTREAM_LAYER_NAMES[parts[2]]
             out[".".join(parts)] = tensor.detach().contiguous()
         return out
+
+    def load_upstream_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The inverse of :meth:`upstream_state_dict` (strict: every weight present, shapes equal)."""
+        own_names = {upstream: own for own, upstream in _UPSTREAM_LAYER_NAMES.items()}
+        state = {}
+        for name, tensor in tensors.items():
+            if name.startswith("layers."):
+                index, rest = name.split(".", 2)[1:]
+                name = f"layers.{index}.{own_names[rest.rsplit('.', 1)[0]]}.{rest.rsplit('.', 1)[1]}"
+            state[name] = tensor
+        self.load_state_dict(state, strict=True)
 
     def save_pretrained(self, out_dir: str, target_config: dict, mask_token: str, mask_token_id: int) -> None:
         """Write ``model.safetensors`` + ``config.json`` in the upstream DFlash format."""

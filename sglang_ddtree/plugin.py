@@ -32,11 +32,13 @@ def report_plugin_in_internal_state(
     requests (the benchmark records it with every run).
     """
     from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
+    from sglang_ddtree.ddtree_step_profile import step_profile_report
     from sglang_ddtree.ddtree_tp_check import tp_tree_check_report
 
     output.internal_state["sglang_ddtree_version"] = sglang_ddtree.__version__
     for name, report in (("ddtree_graph_verify_check", graph_verify_check_report()),
-                         ("ddtree_tp_tree_check", tp_tree_check_report())):  # fmt: skip
+                         ("ddtree_tp_tree_check", tp_tree_check_report()),
+                         ("ddtree_step_profile", step_profile_report())):  # fmt: skip
         if report is not None:
             output.internal_state[name] = report
     return output

@@ -1,13 +1,17 @@
 """``python -m sglang_ddtree.train_drafter``: train a DFlash drafter for a target by self-distillation.
 
-    python -m sglang_ddtree.train_drafter --target PATH --out DIR [--prompts FILE] [--steps N] ...
+    python -m sglang_ddtree.train_drafter --target PATH --out DIR (--prompts FILE | --answers-in FILE) \
+        [--generator {hf,sglang}] [--steps N] [--time-budget-minutes M] [--init-from DRAFTER] ...
 
 1. Data: the target answers a pool of training prompts (its chat template applied when it has one), greedily
-   and by sampling; the drafter learns to predict the target's own continuations.
+   and by sampling; the drafter learns to predict the target's own continuations. ``--generator sglang``
+   writes the answers with an offline SGLang engine (the fast path on a GPU; transformers' generate is the
+   default and needs no engine). ``--answers-out`` keeps the answers, ``--answers-in`` trains on kept ones.
 2. Training (DFlash recipe, anchors.md §2): frozen target; its hidden states after ``--num-features`` layers
    (upstream's layer choice) are the drafter's context; random anchors in the answers; blocks of
    ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``;
-   AdamW, warm-up then cosine decay, gradient clipping; the target's embedding and LM head are shared.
+   AdamW, warm-up then cosine decay (fitted to ``--time-budget-minutes`` when that ends training first),
+   gradient clipping; the target's embedding and LM head are shared. ``--init-from`` continues a drafter.
 3. Output: ``DIR`` in the upstream ``DFlashDraftModel`` format, with the mask token resolved for the
    target's tokenizer, plus ``training.json`` (losses, held-out per-position accuracy and the chain
    acceptance length it implies).
@@ -80,36 +84,111 @@ def load_prompts(path: str) -> list[str]:
     return lines
 
 
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Prompt token ids as the server would see them: the chat template applied when the target has one."""
+    if getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                               tokenize=False) for t in prompts]  # fmt: skip
+        return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return [tokenizer(t)["input_ids"] for t in prompts]
+
+
+def choose_sampled(count: int, sampled_fraction: float, seed: int) -> list[bool]:
+    """Which prompts are answered by temperature-1 sampling (the others greedily)."""
+    rng = random.Random(seed)
+    return [rng.random() < sampled_fraction for _ in range(count)]
+
+
+def cut_at_eos(generated: list[int], eos_token_id: int | None) -> list[int]:
+    """The answer up to and including its end-of-sequence token."""
+    if eos_token_id is not None and eos_token_id in generated:
+        return generated[: generated.index(eos_token_id) + 1]
+    return generated
+
+
 @torch.no_grad()
-def self_distill(model, tokenizer, prompts: list[str], max_new_tokens: int, sampled_fraction: float,
-                 batch_size: int, seed: int) -> list[DistilledAnswer]:  # fmt: skip
-    """The target's own answers: greedy for a share of the prompts, temperature-1 samples for the rest."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+def self_distill_hf(model, tokenizer, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
+                    batch_size: int) -> list[DistilledAnswer]:  # fmt: skip
+    """The target's own answers by ``transformers`` generation: needs no engine, slow at scale.
+
+    Greedy and sampled prompts go in separate batches, each batch of similar lengths (left padding costs
+    compute, and prompt pools mix one-liners with pages); answers come back in the order of ``prompt_ids``.
+    """
     device = next(model.parameters()).device
-    tokenizer.padding_side = "left"
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    sequences = []
-    for start in range(0, len(prompts), batch_size):
-        texts = prompts[start : start + batch_size]
-        if getattr(tokenizer, "chat_template", None):
-            texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                   tokenize=False) for t in texts]  # fmt: skip
-            encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-        else:
-            encoded = [tokenizer(t)["input_ids"] for t in texts]
+    by_length = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    groups = [[i for i in by_length if sampled[i] == mode] for mode in (False, True)]
+    batches = [group[start : start + batch_size] for group in groups for start in range(0, len(group), batch_size)]
+    answers: dict[int, DistilledAnswer] = {}
+    for batch in batches:
+        encoded = [prompt_ids[i] for i in batch]
         width = max(len(ids) for ids in encoded)
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-        sample = float(torch.rand((), generator=generator)) < sampled_fraction
+        sample = sampled[batch[0]]
         out = model.generate(
             input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=sample,
             temperature=1.0 if sample else None, top_p=None, top_k=None, pad_token_id=pad_id,
         )  # fmt: skip
-        for ids, generated in zip(encoded, out[:, width:].tolist()):
-            if tokenizer.eos_token_id in generated:
-                generated = generated[: generated.index(tokenizer.eos_token_id) + 1]
-            sequences.append(DistilledAnswer(ids=ids + generated, answer_start=len(ids)))
-    return sequences
+        for index, ids, generated in zip(batch, encoded, out[:, width:].tolist()):
+            answers[index] = DistilledAnswer(ids=ids + cut_at_eos(generated, tokenizer.eos_token_id),
+                                             answer_start=len(ids))  # fmt: skip
+    return [answers[i] for i in range(len(prompt_ids))]
+
+
+
+def self_distill_sglang(target: str, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
+                        eos_token_id: int | None, seed: int, engine_args: dict) -> list[DistilledAnswer]:  # fmt: skip
+    """The target's own answers from an offline SGLang engine (continuous batching, CUDA graphs): the fast
+    path for real pools and large targets. ``engine_args`` are extra ``sglang.Engine`` arguments."""
+    import sglang
+
+    engine = sglang.Engine(model_path=target, random_seed=seed, **{"log_level": "error", **engine_args})
+    try:
+        params = [{"max_new_tokens": max_new_tokens, "temperature": 1.0 if s else 0.0, "top_p": 1.0, "top_k": -1}
+                  for s in sampled]  # fmt: skip
+        outputs = engine.generate(input_ids=prompt_ids, sampling_params=params)
+    finally:
+        engine.shutdown()
+    return [DistilledAnswer(ids=ids + cut_at_eos(out["output_ids"], eos_token_id), answer_start=len(ids))
+            for ids, out in zip(prompt_ids, outputs)]  # fmt: skip
+
+
+def write_answers(path: str, answers: list[DistilledAnswer]) -> None:
+    """The distilled data as JSON lines (``ids``, ``answer_start``), in prompt order, for inspection or reuse."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        for answer in answers:
+            f.write(json.dumps({"ids": answer.ids, "answer_start": answer.answer_start}) + "\n")
+
+
+def read_answers(path: str) -> list[DistilledAnswer]:
+    """Distilled data written by ``--answers-out`` (the order, and so the held-out split, is kept)."""
+    try:
+        with open(path) as f:
+            return [DistilledAnswer(**json.loads(line)) for line in f if line.strip()]
+    except OSError as e:
+        raise TrainDrafterError(f"cannot read answers '{path}': {e.strerror}") from None
+    except (json.JSONDecodeError, TypeError) as e:
+        raise TrainDrafterError(f"answers '{path}': every line must be {{\"ids\": [...], \"answer_start\": N}} ({e})") from None
+
+
+def load_drafter(drafter: DFlashDrafter, folder: str) -> None:
+    """Continue from a drafter in the upstream format, which must have the shape being trained."""
+    from safetensors.torch import load_file
+
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    shape = drafter.shape
+    expected = {"num_hidden_layers": shape.num_layers, "block_size": shape.block_size,
+                "target_layer_ids": list(shape.target_layer_ids)}  # fmt: skip
+    found = {"num_hidden_layers": config.get("num_hidden_layers"), "block_size": config.get("block_size"),
+             "target_layer_ids": config.get("dflash_config", {}).get("target_layer_ids")}  # fmt: skip
+    for field, value in expected.items():
+        if found[field] != value:
+            raise TrainDrafterError(f"--init-from '{folder}' has {field}={found[field]}, this training {value}")
+    tensors = load_file(os.path.join(folder, "model.safetensors"))
+    drafter.load_upstream_state_dict({name: t.to(drafter.fc.weight.dtype) for name, t in tensors.items()})
 
 
 def target_features(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
@@ -155,6 +234,20 @@ def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: tor
     return loss, hits
 
 
+def training_progress(step: int, steps: int, elapsed_s: float, budget_s: float) -> float:
+    """How far through training ``step`` is, in [0, 1]: by steps, or by wall-clock time when a time budget
+    would end training first (then the schedule compresses to the budget instead of being cut short)."""
+    by_time = elapsed_s / budget_s if budget_s else 0.0
+    by_steps = step / steps if steps else 0.0
+    return min(1.0, max(by_steps, by_time))
+
+
+def learning_rate_scale(progress: float, warmup_fraction: float) -> float:
+    """Linear warm-up over the first ``warmup_fraction`` of training, then cosine decay towards zero."""
+    warm = min(1.0, (progress + 1e-3) / warmup_fraction) if warmup_fraction > 0 else 1.0
+    return warm * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
 def chain_acceptance_length(hits: torch.Tensor) -> float:
     """Expected tokens per verify of a chain drafter whose depth-k guesses are right with rate ``hits[k]``
     (treating depths as independent): 1 + sum_k prod_{j<=k} hits[j]."""
@@ -168,27 +261,32 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = AutoModelForCausalLM.from_pretrained(args.target, torch_dtype=dtype).to(device).eval()
-    model.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     with open(os.path.join(args.target, "config.json")) as f:
         target_config = json.load(f)
     mask_token, mask_token_id = resolve_mask_token(tokenizer, int(target_config["vocab_size"]))
-    shape = DrafterShape.for_target(target_config, args.num_layers, args.num_features, args.block_size)
-    drafter = DFlashDrafter(shape).to(device)
-    for parameter in drafter.parameters():
-        if parameter.dim() > 1:
-            torch.nn.init.normal_(parameter, std=0.02)
 
     t0 = time.time()
-    prompts = load_prompts(args.prompts)
-    if args.max_prompts:
-        prompts = prompts[: args.max_prompts]
     rng = random.Random(args.seed)
-    rng.shuffle(prompts)
-    held_out = max(1, int(len(prompts) * args.held_out_fraction))
-    sequences = self_distill(model, tokenizer, prompts, args.max_new_tokens, args.sampled_fraction,
-                             args.generate_batch_size, args.seed)  # fmt: skip
+    if args.answers_in:
+        sequences = read_answers(args.answers_in)
+    else:
+        prompts = load_prompts(args.prompts)
+        if args.max_prompts:
+            prompts = prompts[: args.max_prompts]
+        rng.shuffle(prompts)
+        prompt_ids = encode_prompts(tokenizer, prompts)
+        sampled = choose_sampled(len(prompts), args.sampled_fraction, args.seed)
+    if not args.answers_in and args.generator == "sglang":  # before the target is loaded: the engine has its own
+        sequences = self_distill_sglang(args.target, prompt_ids, sampled, args.max_new_tokens, tokenizer.eos_token_id,
+                                        args.seed, {"dtype": args.dtype, **args.sglang_engine_args})  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(args.target, torch_dtype=dtype).to(device).eval()
+    model.requires_grad_(False)
+    if not args.answers_in and args.generator == "hf":
+        sequences = self_distill_hf(model, tokenizer, prompt_ids, sampled, args.max_new_tokens, args.generate_batch_size)
+    if args.answers_out:
+        write_answers(args.answers_out, sequences)
+    held_out = max(1, int(len(sequences) * args.held_out_fraction))
     sequences = [s for s in sequences if len(s.ids) > s.answer_start + args.block_size]
     if len(sequences) <= held_out:
         raise TrainDrafterError(f"only {len(sequences)} usable answers (longer than a block): add prompts or tokens")
@@ -197,17 +295,26 @@ def train(args: argparse.Namespace) -> dict:
     print(f"self-distillation: {len(training)} training / {len(evaluation)} held-out answers in {data_seconds:.0f}s",
           flush=True)  # fmt: skip
 
+    shape = DrafterShape.for_target(target_config, args.num_layers, args.num_features, args.block_size)
+    drafter = DFlashDrafter(shape).to(device)
+    if args.init_from:
+        load_drafter(drafter, args.init_from)
+    else:
+        for parameter in drafter.parameters():
+            if parameter.dim() > 1:
+                torch.nn.init.normal_(parameter, std=0.02)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    warmup = max(1, int(args.steps * args.warmup_fraction))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, step / args.steps))),
-    )
     gamma = DECAY_GAMMA.get(args.block_size, args.block_size / 2.3)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses = []
-    for step in range(args.steps):
+    budget_s = args.time_budget_minutes * 60
+    t_train = time.time()
+    while (not args.steps or len(losses) < args.steps) and not (budget_s and time.time() - t_train >= budget_s):
+        step = len(losses)
+        progress = training_progress(step, args.steps, time.time() - t_train, budget_s)
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * learning_rate_scale(progress, args.warmup_fraction)
         batch = [rng.choice(training) for _ in range(args.batch_size)]
         ids, anchors = make_batch(batch, args.anchors, args.block_size, pad_id, rng, device)
         with autocast:
@@ -216,10 +323,11 @@ def train(args: argparse.Namespace) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
-        schedule.step()
         losses.append(loss.item())
-        if step % args.log_every == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {losses[-1]:.4f}  lr {schedule.get_last_lr()[0]:.2e}", flush=True)
+        if step % args.log_every == 0:
+            print(f"step {step:5d}  loss {losses[-1]:.4f}  lr {optimizer.param_groups[0]['lr']:.2e}  "
+                  f"{time.time() - t_train:.0f}s", flush=True)  # fmt: skip
+    train_seconds = time.time() - t_train
 
     drafter.eval()
     hits = []
@@ -231,8 +339,8 @@ def train(args: argparse.Namespace) -> dict:
     held_out_hits = torch.stack(hits).mean(0).cpu()
     drafter.to(torch.bfloat16).save_pretrained(args.out, target_config, mask_token, mask_token_id)
     report = {
-        "target": args.target, "steps": args.steps, "seconds": round(time.time() - t0, 1),
-        "data_seconds": round(data_seconds, 1), "training_answers": len(training), "held_out_answers": len(evaluation),
+        "target": args.target, "steps": len(losses), "seconds": round(time.time() - t0, 1),
+        "data_seconds": round(data_seconds, 1), "train_seconds": round(train_seconds, 1), "training_answers": len(training), "held_out_answers": len(evaluation),
         "mask_token": mask_token, "mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids),
         "first_losses": losses[:5], "last_losses": losses[-5:],
         "held_out_top1_by_position": [round(float(h), 4) for h in held_out_hits],
@@ -244,11 +352,24 @@ def train(args: argparse.Namespace) -> dict:
     return report
 
 
+def json_object(text: str) -> dict:
+    """argparse type: a JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = OneLineArgumentParser(prog="python -m sglang_ddtree.train_drafter", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
     parser.add_argument("--out", required=True, help="output folder for the drafter")
-    parser.add_argument("--prompts", required=True, help="training prompts: .txt (one per line) or .jsonl ('prompt')")
+    parser.add_argument("--prompts", help="training prompts: .txt (one per line) or .jsonl ('prompt')")
+    parser.add_argument("--answers-in", default="", help="train on answers written by --answers-out instead of --prompts")
+    parser.add_argument("--init-from", default="", help="continue training this drafter (upstream format, same shape)")
     parser.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")
     parser.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=1")
@@ -256,21 +377,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int, default=1, help="drafter decoder layers")
     parser.add_argument("--num-features", type=int, default=3, help="target layers feeding the drafter")
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps (0: as many as the time budget allows)")
+    parser.add_argument("--time-budget-minutes", type=float, default=0.0,
+                        help="stop training after this long, with the schedule fitted to it (0: no limit)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     parser.add_argument("--anchors", type=int, default=32, help="blocks per sequence per step")
     parser.add_argument("--lr", type=float, default=6e-4)
     parser.add_argument("--warmup-fraction", type=float, default=0.04)
-    parser.add_argument("--generate-batch-size", type=int, default=32)
+    parser.add_argument("--generator", choices=("hf", "sglang"), default="hf",
+                        help="who writes the answers: transformers generate (no engine needed) or an offline SGLang "
+                        "engine (much faster on a GPU)")  # fmt: skip
+    parser.add_argument("--sglang-engine-args", type=json_object, default={},
+                        help='extra sglang.Engine arguments as JSON, e.g. \'{"tp_size": 2}\'')
+    parser.add_argument("--generate-batch-size", type=int, default=32, help="prompts per transformers generate call")
+    parser.add_argument("--answers-out", default="", help="also write the distilled answers here (JSON lines)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16" if torch.cuda.is_available() else "float32")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50)
     args = parser.parse_args(argv)
+    if bool(args.prompts) == bool(args.answers_in):
+        parser.error("give exactly one of --prompts and --answers-in")
+    if args.init_from and not os.path.isfile(os.path.join(args.init_from, "model.safetensors")):
+        parser.error(f"--init-from '{args.init_from}' is not a drafter folder (no model.safetensors)")
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         parser.error(f"--target '{args.target}' is not a model folder (no config.json)")
-    if args.block_size < 2 or args.steps < 1 or args.num_layers < 1 or args.num_features < 1:
-        parser.error("--block-size must be >= 2 and --steps, --num-layers, --num-features >= 1")
+    if args.block_size < 2 or args.num_layers < 1 or args.num_features < 1:
+        parser.error("--block-size must be >= 2 and --num-layers, --num-features >= 1")
+    if args.steps < 0 or args.time_budget_minutes < 0 or not (args.steps or args.time_budget_minutes):
+        parser.error("give --steps >= 1 or --time-budget-minutes > 0 (or both)")
     return args
 
 

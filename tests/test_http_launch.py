@@ -6,6 +6,7 @@ import urllib.error
 import pytest
 
 import sglang_ddtree
+from sglang_ddtree.ddtree_step_profile import PHASES
 from sglang_ddtree.serving import default_log_path, free_port, launched_server
 from support import http_json
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
@@ -82,7 +83,7 @@ def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp
     port = free_port()
     args = ["--algo", "ddtree", "--model-path", target, "--draft-model-path", drafter, "--budget", str(budget),
             *CPU_SERVER_FLAGS, "--attention-backend", "triton", "--dtype", "float32", "--decode-log-interval", "1"]  # fmt: skip
-    with launched_server(args, port) as url:
+    with launched_server(args, port, env={"SGLANG_DDTREE_PROFILE_STEPS": "1"}) as url:
         out = http_json(
             url + "/generate",
             {"input_ids": [5, 6, 7, 8, 9], "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}},
@@ -113,5 +114,11 @@ def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp
 
         info = http_json(url + "/server_info")["internal_states"][0]
         assert info["speculative_algorithm"] == "DDTREE" and info["speculative_num_draft_tokens"] == budget + 1
+        # SGLANG_DDTREE_PROFILE_STEPS: every decode step's phases timed (on the CPU engine each step completes
+        # before the next, so none is left pending; SGLang's own warm-up request decodes too).
+        profile = info["ddtree_step_profile"]
+        assert profile["steps"] >= verifies and list(profile["mean_ms"]) == list(PHASES)
+        assert all(ms > 0 for ms in profile["mean_ms"].values())
+        assert profile["step_mean_ms"] == pytest.approx(sum(profile["mean_ms"].values()), abs=1e-3)
     with open(default_log_path(port)) as log:
         assert "accept len: " in log.read()  # the per-interval mean acceptance length of the decode log

@@ -64,6 +64,18 @@ def test_report_writes_json_markdown_and_plots(tmp_path):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_resumed_run_keeps_the_measured_configurations_and_ar_margins(tmp_path):
+    """``--resume``: a run cut short (the report is rewritten after every configuration) continues with the
+    configurations it has not measured, still judging divergences against AR's recorded margins."""
+    ar_top2 = {"mt_bench/82": [(-0.1, -3.0), (-0.2, -2.0), (-0.7, -0.75), (-0.1, -4.0)]}
+    commands = {"ar": ["python", "-m", "sglang_ddtree.launch", "--algo", "ar"]}
+    side_by_side.write_report(tmp_path, {"commands": commands}, RECORDS, ar_top2)
+    records, restored_top2, restored_commands = side_by_side.resumed(tmp_path)
+    assert records == RECORDS and restored_commands == commands
+    assert side_by_side.greedy_divergences(records, restored_top2) == side_by_side.greedy_divergences(RECORDS, ar_top2)
+    assert side_by_side.resumed(tmp_path / "elsewhere") == ([], {}, {})
+
+
 def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the_double_dash():
     args, shared = side_by_side.parse_args(
         ["--model-path", "M", "--draft-model-path", "D", "--algos", "ar,dflash,ddtree", "--budgets", "16,64",

@@ -8,6 +8,7 @@ token, weight names) differed from what SGLang serves, the served acceptance wou
 """
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -16,8 +17,9 @@ import sys
 import pytest
 from safetensors import safe_open
 
+from sglang_ddtree.train_drafter import learning_rate_scale, training_progress
 from support import CPU_ENGINE_ARGS, run_engine_generate
-from tiny_models import MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
+from tiny_models import EOS_TOKEN_ID, MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
 
 # One worker runs this module, so the drafter is trained once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_drafter")]
@@ -43,12 +45,17 @@ def trained(tmp_path_factory):
     (root / "prompts.txt").write_text("\n".join(chat_prompts(random.Random(0), 96)) + "\n")
     out = str(root / "drafter")
     result = train("--target", target, "--out", out, "--prompts", str(root / "prompts.txt"), "--max-new-tokens", "48",
-                   "--block-size", str(BLOCK), "--num-features", "2", "--steps", "200", "--batch-size", "8",
-                   "--anchors", "16", "--sampled-fraction", "0", "--lr", "2e-3")  # fmt: skip
+                   "--sampled-fraction", "0", "--answers-out", str(root / "answers.jsonl"), "--block-size", str(BLOCK),
+                   "--num-features", "2", "--steps", "200", "--batch-size", "8", "--anchors", "16", "--lr", "2e-3")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     with open(os.path.join(out, "training.json")) as f:
         report = json.load(f)
     return {"root": root, "target": target, "drafter": out, "report": report}
+
+
+def read_answers(path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
 
 
 def test_training_lowers_the_block_loss_and_predicts_held_out_answers(trained):
@@ -103,9 +110,57 @@ def test_sglang_serves_the_trained_drafter_losslessly_with_higher_acceptance(tra
     assert trained_length > 1.6 and trained_length > untrained_length + 0.5, (trained_length, untrained_length)
 
 
+def test_an_sglang_engine_writes_the_same_greedy_answers_as_transformers(trained, tmp_path):
+    """``--generator sglang`` (the fast path on a GPU) distills the same data: the target's own greedy answers,
+    here the first 16 tokens of what transformers wrote (float32 on both sides)."""
+    engine_args = json.dumps({**CPU_ENGINE_ARGS, "attention_backend": "triton"})
+    result = train("--target", trained["target"], "--out", str(tmp_path / "drafter"),
+                   "--prompts", str(trained["root"] / "prompts.txt"), "--max-prompts", "4", "--max-new-tokens", "16",
+                   "--sampled-fraction", "0", "--generator", "sglang", "--sglang-engine-args", engine_args,
+                   "--answers-out", str(tmp_path / "answers.jsonl"), "--block-size", str(BLOCK), "--num-features", "2",
+                   "--steps", "1")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_prompt = {tuple(a["ids"][: a["answer_start"]]): a["ids"] for a in read_answers(trained["root"] / "answers.jsonl")}
+    by_sglang = read_answers(tmp_path / "answers.jsonl")
+    assert len(by_sglang) == 4
+    for answer in by_sglang:
+        assert len(answer["ids"]) - answer["answer_start"] == 16 or answer["ids"][-1] == EOS_TOKEN_ID
+        assert by_prompt[tuple(answer["ids"][: answer["answer_start"]])][: len(answer["ids"])] == answer["ids"]
+
+
+def test_training_continues_from_a_drafter_and_from_kept_answers(trained, tmp_path):
+    """``--init-from`` loads every weight (with a zero learning rate the drafter comes back unchanged) and
+    ``--answers-in`` trains on the answers ``--answers-out`` kept, without generating."""
+    out = tmp_path / "continued"
+    result = train("--target", trained["target"], "--out", str(out), "--answers-in", str(trained["root"] / "answers.jsonl"),
+                   "--init-from", trained["drafter"], "--block-size", str(BLOCK), "--num-features", "2",
+                   "--steps", "2", "--lr", "0")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    with safe_open(os.path.join(trained["drafter"], "model.safetensors"), "pt") as before, \
+            safe_open(str(out / "model.safetensors"), "pt") as after:  # fmt: skip
+        assert sorted(before.keys()) == sorted(after.keys())
+        assert all(before.get_tensor(name).equal(after.get_tensor(name)) for name in before.keys())
+    assert json.loads((out / "training.json").read_text())["held_out_chain_acceptance_length"] > 1.5
+
+
+def test_a_time_budget_compresses_the_schedule_instead_of_cutting_it_short():
+    assert training_progress(50, 100, elapsed_s=10.0, budget_s=0.0) == 0.5  # no budget: by steps
+    assert training_progress(50, 100, elapsed_s=90.0, budget_s=100.0) == 0.9  # the clock runs out first
+    assert training_progress(99, 100, elapsed_s=500.0, budget_s=100.0) == 1.0
+    assert training_progress(50, 0, elapsed_s=25.0, budget_s=100.0) == 0.25  # --steps 0: the budget alone
+    assert learning_rate_scale(0.02, warmup_fraction=0.04) == pytest.approx(0.5 * 0.525 * (1 + math.cos(0.02 * math.pi)))
+    assert learning_rate_scale(0.5, warmup_fraction=0.04) == pytest.approx(0.5)
+    assert learning_rate_scale(1.0, warmup_fraction=0.04) == pytest.approx(0.0, abs=1e-12)
+
+
 def test_bad_arguments_fail_with_one_line(tmp_path):
     result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "p.txt")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"python -m sglang_ddtree.train_drafter: error: --target '{tmp_path}' is not a model folder (no config.json)"
+    ]
+    result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "python -m sglang_ddtree.train_drafter: error: give exactly one of --prompts and --answers-in"
     ]

@@ -1,0 +1,103 @@
+"""Where a DDTree decode step spends its time (``SGLANG_DDTREE_PROFILE_STEPS=1``).
+
+The step's phases (``PHASES``) are bracketed by CUDA events recorded on the step's stream. A step's events
+are read only once its last one has completed (``Event.query``, one step or more behind), so the profile adds
+no host synchronisation; the per-phase means land in ``/server_info`` as ``ddtree_step_profile``. GPU time
+between two events includes the GPU waiting for the host to launch the next kernels: that wait is what an
+eager, launch-bound phase costs, and what a CUDA graph would remove. On the CPU engine the work is synchronous
+and the host clock times it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Optional
+
+import torch
+
+PROFILE_STEPS_ENV = "SGLANG_DDTREE_PROFILE_STEPS"
+PHASES = (
+    "draft",  # the drafter's block forward
+    "candidates",  # LM head over the masked positions, per-depth top-K (TP: all-gather and merge)
+    "tree",  # best-first tree build, verify tensors and mask
+    "verify",  # target forward over the tree (CUDA graph when captured), acceptance, KV compaction
+    "draft_kv",  # committed tokens' target features into the draft KV cache
+)
+
+
+def step_profile_requested() -> bool:
+    return os.environ.get(PROFILE_STEPS_ENV, "0") not in ("", "0", "false", "False")
+
+
+class StepTimer:
+    """Marks the end of each phase of one step, in ``PHASES`` order."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = str(device).startswith("cuda")
+        self.marks: list = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def done(self) -> bool:
+        return not self.cuda or self.marks[-1].query()
+
+    def phase_ms(self) -> list[float]:
+        if self.cuda:
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [(b - a) * 1000.0 for a, b in zip(self.marks, self.marks[1:])]
+
+
+class _NoTimer:
+    """Stands in for a :class:`StepTimer` when profiling is off, so the step marks its phases unconditionally."""
+
+    def mark(self) -> None:
+        pass
+
+
+NO_TIMER = _NoTimer()
+
+
+class StepProfile:
+    """Per-phase time summed over the profiled decode steps."""
+
+    def __init__(self) -> None:
+        self.enabled = step_profile_requested()
+        self.steps = 0
+        self.total_ms = dict.fromkeys(PHASES, 0.0)
+        self._pending: deque[StepTimer] = deque()
+
+    def start(self, device: str) -> StepTimer | _NoTimer:
+        return StepTimer(device) if self.enabled else NO_TIMER
+
+    def finish(self, timer: StepTimer | _NoTimer) -> None:
+        if not isinstance(timer, StepTimer):
+            return
+        if len(timer.marks) != len(PHASES) + 1:
+            raise RuntimeError(f"a profiled step marked {len(timer.marks) - 1} phases, expected {len(PHASES)}")
+        self._pending.append(timer)
+        while self._pending and self._pending[0].done():
+            for phase, ms in zip(PHASES, self._pending.popleft().phase_ms()):
+                self.total_ms[phase] += ms
+            self.steps += 1
+
+    def as_dict(self) -> dict:
+        mean = {phase: round(ms / self.steps, 4) if self.steps else None for phase, ms in self.total_ms.items()}
+        step = round(sum(self.total_ms.values()) / self.steps, 4) if self.steps else None
+        total = {phase: round(ms, 4) for phase, ms in self.total_ms.items()}
+        return {"steps": self.steps, "mean_ms": mean, "step_mean_ms": step, "total_ms": total}
+
+
+STEP_PROFILE = StepProfile()
+
+
+def step_profile_report() -> Optional[dict]:
+    return STEP_PROFILE.as_dict() if STEP_PROFILE.enabled else None

@@ -1,0 +1,31 @@
+# Sourced by the GPU scripts (the H200 machine has no network): SGLang from the wheelhouse, this package beside
+# it, and the JIT caches restored. Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz) and
+# optionally .gpu/jitcache.tgz.part*. Defines pack_jit_cache DIR (pieces that fit the 16 MiB return limit).
+SITE=/tmp/site JIT=/tmp/jit
+mkdir -p "$JIT"
+if [ ! -d "$SITE/sglang" ]; then
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
+    .whl/wheelhouse.tar.xz /tmp/wheelhouse || return 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" /tmp/wheelhouse/*.whl || return 1
+fi
+# The package itself (with its sglang.srt.plugins entry point), beside SGLang.
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" . || return 1
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+export SGLANG_ENABLE_JIT_DEEPGEMM=0 FLASHINFER_WORKSPACE_BASE=$JIT TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton
+if ls .gpu/jitcache.tgz.part* >/dev/null 2>&1 && [ ! -f "$JIT/.restored" ]; then
+  cat .gpu/jitcache.tgz.part* | tar -xzf - -C "$JIT" && touch "$JIT/.restored"
+fi
+# FlashInfer rebuilds its JIT modules even when they sit in its cache folder (run 4 of RESULTS.md), but loads
+# prebuilt modules from flashinfer/data/aot/NAME/NAME.so as they are.
+for so in "$JIT"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
+  [ -f "$so" ] || continue
+  aot="$SITE/flashinfer/data/aot/$(basename "$(dirname "$so")")"
+  [ -f "$aot/$(basename "$so")" ] || { mkdir -p "$aot" && cp "$so" "$aot/"; }
+done
+
+pack_jit_cache() {
+  # Built modules only (FlashInfer's generated sources, objects and ninja files would double the size), in
+  # pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each.
+  tar -czf - -C "$JIT" --exclude=.restored --exclude=generated --exclude='*.o' --exclude='*.ninja' . 2>/dev/null \
+    | split -b 15M -d - "$1/jitcache.tgz.part"
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The SmolLM2-135M-Instruct demo pair on the H200 machine (no network there). From the repository root:
+#   SGLANG_DDTREE_DEMO_GGUF=PIECE,PIECE,... bash tests/gpu/run_demo_pair.sh train
+#       build SmolLM2 from the GGUF pieces, self-distill the prompt pool (.gpu/pool.jsonl, made by
+#       python -m sglang_ddtree.prompt_pool) with an SGLang engine and train the drafter for TRAIN_MINUTES
+#       (default 4) -> $OUT/demo_drafter, training log $OUT/train.log
+#   bash tests/gpu/run_demo_pair.sh bench [python -m bench.side_by_side arguments ...]
+#       the side-by-side benchmark on SmolLM2 with DRAFTER (default: the drafter trained by `train` on this
+#       machine), prompts from the wheels in .gpu/benchwheels, report in /tmp/demo_pair_side_by_side (add
+#       --resume to continue a sweep cut by the call's time limit) -> $OUT/side_by_side.tgz (one file: the
+#       machine returns at most 8), log $OUT/bench.log
+# Setup as tests/gpu/run_suite.sh (tests/gpu/env.sh); the JIT cache is re-packed into $OUT at the end.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/demo_pair_out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+source tests/gpu/env.sh || exit 1
+export SGLANG_DDTREE_CACHE_DIR=/tmp/sglang_ddtree_cache
+TARGET=$(python3 -c "from sglang_ddtree.demo_model import ensure_demo_model; print(ensure_demo_model())") || exit 1
+echo "setup and target: $(( $(date +%s) - T0 ))s ($TARGET)" | tee -a "$OUT/demo_pair.log"
+phase=${1:-}
+shift || true
+case "$phase" in
+  train)
+    python3 -m sglang_ddtree.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" --prompts .gpu/pool.jsonl \
+      --generator sglang --sglang-engine-args '{"mem_fraction_static": 0.5, "sampling_backend": "pytorch"}' \
+      --answers-out /tmp/demo_answers.jsonl --num-layers 2 --num-features 3 --block-size 16 --max-new-tokens 256 \
+      --batch-size 16 --anchors 32 --lr 1e-3 --steps 0 --time-budget-minutes "${TRAIN_MINUTES:-4}" "$@" 2>&1 \
+      | tee "$OUT/train.log"
+    rc=${PIPESTATUS[0]}
+    rm -rf /tmp/demo_drafter && cp -r "$OUT/demo_drafter" /tmp/demo_drafter
+    ;;
+  bench)
+    python3 -m bench.side_by_side --model-path "$TARGET" --draft-model-path "${DRAFTER:-/tmp/demo_drafter}" \
+      --wheel-dir .gpu/benchwheels --out /tmp/demo_pair_side_by_side "$@" 2>&1 | tee "$OUT/bench.log"
+    rc=${PIPESTATUS[0]}
+    tar -czf "$OUT/side_by_side.tgz" -C /tmp demo_pair_side_by_side
+    ;;
+  *)
+    echo "usage: bash tests/gpu/run_demo_pair.sh {train|bench} [arguments]" >&2
+    exit 2
+    ;;
+esac
+pack_jit_cache "$OUT"
+echo "$phase exit $rc after $(( $(date +%s) - T0 ))s" | tee -a "$OUT/demo_pair.log"
+exit "$rc"
