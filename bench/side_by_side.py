@@ -4,8 +4,9 @@
         [--budgets 16,32,64] [--concurrency 1,4,16] [--temperatures 0,1] [--datasets mt_bench,humaneval] \\
         [--num-prompts N] [--max-new-tokens 256] [--tp 2] --out DIR [--resume] [-- shared SGLang server flags ...]
 
-Each configuration (one per algorithm; DDTree once per budget) is launched in turn through
-``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``. It is
+Each configuration (one per algorithm; DDTree once per budget) is first checked by the launcher's
+``--dry-run`` (a configuration it refuses stops the run before anything is measured), then launched in turn
+through ``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``. It is
 warmed up on prompts that are not benchmark prompts, its prefix cache is flushed, and then every
 (temperature, concurrency) cell sends the same prompts through streaming ``/generate``. MT-Bench prompts
 go through the model's chat template; HumanEval prompts are raw completion prompts.
@@ -322,6 +323,20 @@ def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
     return configs
 
 
+def refused_configuration(configs: dict[str, list[str]], shared: list[str]) -> Optional[str]:
+    """The launcher's own one-line error for the first configuration it refuses (``--dry-run``: no server,
+    no GPU), so that an impossible configuration stops the run before any other is measured."""
+    import subprocess
+
+    for config, launch_args in configs.items():
+        result = subprocess.run([sys.executable, "-m", "sglang_ddtree.launch", *launch_args, *shared, "--dry-run"],
+                                capture_output=True, text=True)  # fmt: skip
+        if result.returncode != 0:
+            reason = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+            return f"configuration '{config}' is refused: {reason}"
+    return None
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -351,6 +366,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from {', '.join(ALGORITHMS)}")
     if any(a in args.algos for a in ("dflash", "ddtree")) and not args.draft_model_path:
         parser.error("dflash and ddtree need --draft-model-path")
+    if any("=" not in item for item in args.url):
+        parser.error("--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'")
     if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(args.budgets) < 1:
         parser.error("--concurrency and --budgets take positive integers")
     return args, shared
@@ -362,6 +379,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     from bench import prompts as prompt_sets
 
     args, shared = parse_args(sys.argv[1:] if argv is None else argv)
+    configs = configurations(args)
+    attached = dict(item.rsplit("=", 1) for item in args.url)  # config names contain "=" (ddtree B=32)
+    refused = refused_configuration({c: a for c, a in configs.items() if c not in attached}, shared)
+    if refused:
+        print(f"python -m bench.side_by_side: error: {refused}", file=sys.stderr)
+        sys.exit(2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -371,8 +394,6 @@ def main(argv: Optional[list[str]] = None) -> None:
     prompts = tokenized_prompts(rows, args.model_path)
     warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
                                 for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
-    attached = dict(item.split("=", 1) for item in args.url)
-    configs = configurations(args)
     records, ar_top2, commands = resumed(out) if args.resume else ([], {}, {})
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,

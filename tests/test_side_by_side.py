@@ -96,6 +96,7 @@ def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the
         (["--algos", "ar,beam"], "unknown algorithm(s) beam; choose from ar, mtp, dflash, ddtree"),
         (["--algos", "ddtree"], "dflash and ddtree need --draft-model-path"),
         (["--algos", "ar", "--concurrency", "0"], "--concurrency and --budgets take positive integers"),
+        (["--algos", "ar", "--url", "http://127.0.0.1:30000"], "--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
@@ -103,3 +104,21 @@ def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
         side_by_side.parse_args(["--model-path", "M", "--out", "o", *argv])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"python -m bench.side_by_side: error: {message}\n"
+
+
+def test_a_configuration_the_launcher_refuses_stops_the_run_before_any_server_starts(tmp_path):
+    """MTP on a target without MTP layers: the launcher's own reason, in one line, before anything is measured."""
+    import subprocess
+    import sys
+
+    from tiny_models import TinyShape, make_qwen3_target
+
+    target = make_qwen3_target(str(tmp_path / "qwen3"), TinyShape(num_layers=2))
+    result = subprocess.run([sys.executable, "-m", "bench.side_by_side", "--model-path", target, "--algos", "ar,mtp",
+                             "--out", str(tmp_path / "out"), "--wheel-dir", str(tmp_path / "wheels")],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("python -m bench.side_by_side: error: configuration 'mtp' is refused: sglang_ddtree.launch: error:")
+    assert "needs a target that ships MTP layers" in line
+    assert not (tmp_path / "out").exists()
