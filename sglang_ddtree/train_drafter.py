@@ -136,7 +136,6 @@ def self_distill_hf(model, tokenizer, prompt_ids: list[list[int]], sampled: list
     return [answers[i] for i in range(len(prompt_ids))]
 
 
-
 def self_distill_sglang(target: str, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
                         eos_token_id: int | None, seed: int, engine_args: dict) -> list[DistilledAnswer]:  # fmt: skip
     """The target's own answers from an offline SGLang engine (continuous batching, CUDA graphs): the fast
@@ -180,9 +179,9 @@ def load_drafter(drafter: DFlashDrafter, folder: str) -> None:
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     shape = drafter.shape
-    expected = {"num_hidden_layers": shape.num_layers, "block_size": shape.block_size,
-                "target_layer_ids": list(shape.target_layer_ids)}  # fmt: skip
-    found = {"num_hidden_layers": config.get("num_hidden_layers"), "block_size": config.get("block_size"),
+    expected = {"hidden_size": shape.hidden_size, "num_hidden_layers": shape.num_layers,
+                "block_size": shape.block_size, "target_layer_ids": list(shape.target_layer_ids)}  # fmt: skip
+    found = {**{field: config.get(field) for field in expected},
              "target_layer_ids": config.get("dflash_config", {}).get("target_layer_ids")}  # fmt: skip
     for field, value in expected.items():
         if found[field] != value:
@@ -398,8 +397,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if bool(args.prompts) == bool(args.answers_in):
         parser.error("give exactly one of --prompts and --answers-in")
-    if args.init_from and not os.path.isfile(os.path.join(args.init_from, "model.safetensors")):
-        parser.error(f"--init-from '{args.init_from}' is not a drafter folder (no model.safetensors)")
+    if args.init_from and not all(os.path.isfile(os.path.join(args.init_from, name))
+                                  for name in ("config.json", "model.safetensors")):  # fmt: skip
+        parser.error(f"--init-from '{args.init_from}' is not a drafter folder (config.json and model.safetensors)")
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         parser.error(f"--target '{args.target}' is not a model folder (no config.json)")
     if args.block_size < 2 or args.num_layers < 1 or args.num_features < 1:

@@ -164,3 +164,10 @@ def test_bad_arguments_fail_with_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "python -m sglang_ddtree.train_drafter: error: give exactly one of --prompts and --answers-in"
     ]
+    result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "p.txt", "--init-from",
+                   str(tmp_path))  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"python -m sglang_ddtree.train_drafter: error: --init-from '{tmp_path}' is not a drafter folder "
+        "(config.json and model.safetensors)"
+    ]
