@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The SmolLM2-135M-Instruct demo pair on the H200 machine (no network there). From the repository root:
-#   SGLANG_DDTREE_DEMO_GGUF=PIECE,PIECE,... bash tests/gpu/run_demo_pair.sh train
+#   SGLANG_DDTREE_DEMO_GGUF=PIECE,PIECE,... bash tests/gpu/run_demo_pair.sh train [train_drafter arguments ...]
 #       build SmolLM2 from the GGUF pieces, self-distill the prompt pool (.gpu/pool.jsonl, made by
-#       python -m sglang_ddtree.prompt_pool) with an SGLang engine and train the drafter for TRAIN_MINUTES
-#       (default 4) -> $OUT/demo_drafter, training log $OUT/train.log
+#       python -m sglang_ddtree.prompt_pool) with an SGLang engine, or take ANSWERS (a kept --answers-out
+#       file), and train the drafter for TRAIN_MINUTES (default 4), from INIT_FROM when set (a drafter to
+#       continue) -> $OUT/demo_drafter, training log $OUT/train.log
 #   bash tests/gpu/run_demo_pair.sh bench [python -m bench.side_by_side arguments ...]
 #       the side-by-side benchmark on SmolLM2 with DRAFTER (default: the drafter trained by `train` on this
 #       machine), prompts from the wheels in .gpu/benchwheels, report in /tmp/demo_pair_side_by_side (add
@@ -23,8 +24,11 @@ phase=${1:-}
 shift || true
 case "$phase" in
   train)
-    python3 -m sglang_ddtree.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" --prompts .gpu/pool.jsonl \
-      --generator sglang --sglang-engine-args '{"mem_fraction_static": 0.5, "sampling_backend": "pytorch"}' \
+    data=(--prompts .gpu/pool.jsonl)
+    [ -n "${ANSWERS:-}" ] && data=(--answers-in "$ANSWERS")
+    [ -n "${INIT_FROM:-}" ] && data+=(--init-from "$INIT_FROM")
+    python3 -m sglang_ddtree.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" "${data[@]}" \
+      --generator sglang --sglang-engine-args '{"mem_fraction_static": 0.5, "sampling_backend": "pytorch", "attention_backend": "flashinfer"}' \
       --answers-out /tmp/demo_answers.jsonl --num-layers 2 --num-features 3 --block-size 16 --max-new-tokens 256 \
       --batch-size 16 --anchors 32 --lr 1e-3 --steps 0 --time-budget-minutes "${TRAIN_MINUTES:-4}" "$@" 2>&1 \
       | tee "$OUT/train.log"
