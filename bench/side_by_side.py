@@ -431,9 +431,7 @@ def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict]:
 
 
 def _commit() -> str:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes); outside a git checkout (a copied
-    tree, as on the GPU machine) ``$SGLANG_DDTREE_COMMIT`` as given, else ``?``."""
-    import os
+    """The checkout's commit (with ``+dirty`` for uncommitted changes), or ``?`` outside a git checkout."""
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
@@ -443,7 +441,7 @@ def _commit() -> str:
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("SGLANG_DDTREE_COMMIT", "?")
+        return "?"
     return commit + ("+dirty" if dirty else "")
 
 
