@@ -1,8 +1,10 @@
 # Sourced by the GPU scripts (the H200 machine has no network): SGLang from the wheelhouse, this package beside
 # it, and the JIT caches restored. Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz) and
 # optionally .gpu/jitcache.tgz.part*. Defines pack_jit_cache DIR (pieces that fit the 16 MiB return limit).
+# The sourcing script sets OUT (its output folder); T0 starts its clock.
+T0=$(date +%s)
 SITE=/tmp/site JIT=/tmp/jit
-mkdir -p "$JIT"
+mkdir -p "$OUT" "$JIT"
 if [ ! -d "$SITE/sglang" ]; then
   python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
     .whl/wheelhouse.tar.xz /tmp/wheelhouse || return 1

@@ -14,8 +14,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/demo_pair_out}
-mkdir -p "$OUT"
-T0=$(date +%s)
 source tests/gpu/env.sh || exit 1
 export SGLANG_DDTREE_CACHE_DIR=/tmp/sglang_ddtree_cache
 TARGET=$(python3 -c "from sglang_ddtree.demo_model import ensure_demo_model; print(ensure_demo_model())") || exit 1

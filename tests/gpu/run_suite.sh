@@ -7,8 +7,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_suite_out}
-mkdir -p "$OUT"
-T0=$(date +%s)
 source tests/gpu/env.sh || exit 1
 echo "setup: $(( $(date +%s) - T0 ))s" | tee "$OUT/gpu_suite.log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/gpu_suite.log"
