@@ -9,7 +9,8 @@
    default and needs no engine). ``--answers-out`` keeps the answers, ``--answers-in`` trains on kept ones.
 2. Training (DFlash recipe, anchors.md §2): frozen target; its hidden states after ``--num-features`` layers
    (upstream's layer choice) are the drafter's context; random anchors in the answers; blocks of
-   ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``;
+   ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``
+   whose labels are the target's own top-1 next tokens (the same pass: exact also inside sampled answers);
    AdamW, warm-up then cosine decay (fitted to ``--time-budget-minutes`` when that ends training first),
    gradient clipping; the target's embedding and LM head are shared. ``--init-from`` continues a drafter.
 3. Output: ``DIR`` in the upstream ``DFlashDraftModel`` format, with the mask token resolved for the
@@ -190,11 +191,12 @@ def load_drafter(drafter: DFlashDrafter, folder: str) -> None:
     drafter.load_upstream_state_dict({name: t.to(drafter.fc.weight.dtype) for name, t in tensors.items()})
 
 
-def target_features(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> torch.Tensor:
-    """Concatenated outputs of the target layers ``layer_ids`` (HF ``hidden_states[i + 1]``): ``[S, T, F*H]``."""
+def target_forward(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One frozen target pass: the concatenated outputs of the layers ``layer_ids`` (HF ``hidden_states[i + 1]``)
+    ``[S, T, F*H]``, the drafter's context, and the next-token logits ``[S, T, V]``, its teacher."""
     with torch.no_grad():
-        hidden = model(input_ids=input_ids, output_hidden_states=True).hidden_states
-    return torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)
+        out = model(input_ids=input_ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
 
 
 def make_batch(sequences: list[DistilledAnswer], anchors: int, block: int, pad_id: int, rng: random.Random, device):
@@ -213,23 +215,29 @@ def make_batch(sequences: list[DistilledAnswer], anchors: int, block: int, pad_i
 
 def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: torch.Tensor, mask_token_id: int,
                gamma: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Weighted block cross-entropy and per-position top-1 hits ``[B-1]`` (for acceptance estimates)."""
+    """Weighted block cross-entropy and per-position top-1 hits ``[B-1]`` (for acceptance estimates).
+
+    The label of each position is the target's own top-1 next token after the answer's prefix: for a greedy
+    answer that is the answer's next token; for a sampled answer the sampled token is one draw from the
+    target's distribution (a noisy label for what greedy verification accepts), the top-1 is exact, and it
+    comes from the same teacher-forced pass that gives the drafter its context.
+    """
     block = drafter.shape.block_size
     offsets = torch.arange(block, device=ids.device)
     positions = anchor_pos[..., None] + offsets  # [S, A, B]
-    labels = torch.gather(ids[:, None, :].expand(-1, anchor_pos.shape[1], -1), 2, positions)  # [S, A, B]
-    block_ids = torch.full_like(labels, mask_token_id)
-    block_ids[..., 0] = labels[..., 0]
-    embed = model.get_input_embeddings()
-    features = target_features(model, ids, drafter.shape.target_layer_ids)
+    block_ids = torch.full_like(positions, mask_token_id)
+    block_ids[..., 0] = torch.gather(ids, 1, anchor_pos)
+    features, target_logits = target_forward(model, ids, drafter.shape.target_layer_ids)
+    # Block position k >= 1 predicts the token k after the anchor, which the target predicts one position earlier.
+    labels = torch.gather(target_logits.argmax(-1), 1, positions[..., :-1].flatten(1)).view_as(positions[..., 1:])
     visible = torch.arange(ids.shape[1], device=ids.device)[None, None, :] < anchor_pos[..., None]  # [S, A, T]
+    embed = model.get_input_embeddings()
     hidden = drafter(embed(block_ids).detach(), positions, features.detach(), visible)
     logits = model.get_output_embeddings()(hidden[..., 1:, :]).float()  # [S, A, B-1, V]
-    targets = labels[..., 1:]
-    losses = F.cross_entropy(logits.flatten(0, -2), targets.flatten(), reduction="none").view(targets.shape)
+    losses = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
     weights = torch.exp(-torch.arange(block - 1, device=ids.device, dtype=torch.float32) / gamma)
-    loss = (losses * weights).sum() / (weights.sum() * targets.shape[0] * targets.shape[1])
-    hits = (logits.argmax(-1) == targets).float().mean(dim=(0, 1))
+    loss = (losses * weights).sum() / (weights.sum() * losses.shape[0] * losses.shape[1])
+    hits = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
     return loss, hits
 
 
@@ -322,10 +330,11 @@ def train(args: argparse.Namespace) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss.detach())  # read when logged: no host sync per step
         if step % args.log_every == 0:
-            print(f"step {step:5d}  loss {losses[-1]:.4f}  lr {optimizer.param_groups[0]['lr']:.2e}  "
+            print(f"step {step:5d}  loss {losses[-1].item():.4f}  lr {optimizer.param_groups[0]['lr']:.2e}  "
                   f"{time.time() - t_train:.0f}s", flush=True)  # fmt: skip
+    losses = [float(loss) for loss in losses]
     train_seconds = time.time() - t_train
 
     drafter.eval()
