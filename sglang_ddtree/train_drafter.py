@@ -1,12 +1,13 @@
 """``python -m sglang_ddtree.train_drafter``: train a DFlash drafter for a target by self-distillation.
 
-    python -m sglang_ddtree.train_drafter --target PATH --out DIR (--prompts FILE | --answers-in FILE) \
+    python -m sglang_ddtree.train_drafter --target PATH --out DIR (--prompts FILE | --answers-in FILE...) \
         [--generator {hf,sglang}] [--steps N] [--time-budget-minutes M] [--init-from DRAFTER] ...
 
 1. Data: the target answers a pool of training prompts (its chat template applied when it has one), greedily
    and by sampling; the drafter learns to predict the target's own continuations. ``--generator sglang``
    writes the answers with an offline SGLang engine (the fast path on a GPU; transformers' generate is the
-   default and needs no engine). ``--answers-out`` keeps the answers, ``--answers-in`` trains on kept ones.
+   default and needs no engine). ``--answers-out`` keeps the answers, ``--answers-in`` trains on kept ones
+   (several files, e.g. more samples of the same pool: the held-out split is by prompt).
 2. Training (DFlash recipe, anchors.md §2): frozen target; its hidden states after ``--num-features`` layers
    (upstream's layer choice) are the drafter's context; random anchors in the answers; blocks of
    ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``
@@ -173,6 +174,16 @@ def read_answers(path: str) -> list[DistilledAnswer]:
         raise TrainDrafterError(f"answers '{path}': every line must be {{\"ids\": [...], \"answer_start\": N}} ({e})") from None
 
 
+def split_by_prompt(answers: list[DistilledAnswer], held_out_fraction: float) -> tuple[list, list]:
+    """Held-out and training answers. The first ``held_out_fraction`` of the distinct prompts (at least one),
+    in order of first appearance, are held out with every answer to them: several answer files for the same
+    pool (e.g. more samples) never put a held-out prompt into training."""
+    prompts = list(dict.fromkeys(tuple(a.ids[: a.answer_start]) for a in answers))
+    held_out = set(prompts[: max(1, int(len(prompts) * held_out_fraction))])
+    evaluation = [a for a in answers if tuple(a.ids[: a.answer_start]) in held_out]
+    return evaluation, [a for a in answers if tuple(a.ids[: a.answer_start]) not in held_out]
+
+
 def load_drafter(drafter: DFlashDrafter, folder: str) -> None:
     """Continue from a drafter in the upstream format, which must have the shape being trained."""
     from safetensors.torch import load_file
@@ -276,7 +287,7 @@ def train(args: argparse.Namespace) -> dict:
     t0 = time.time()
     rng = random.Random(args.seed)
     if args.answers_in:
-        sequences = read_answers(args.answers_in)
+        sequences = [answer for path in args.answers_in for answer in read_answers(path)]
     else:
         prompts = load_prompts(args.prompts)
         if args.max_prompts:
@@ -293,11 +304,10 @@ def train(args: argparse.Namespace) -> dict:
         sequences = self_distill_hf(model, tokenizer, prompt_ids, sampled, args.max_new_tokens, args.generate_batch_size)
     if args.answers_out:
         write_answers(args.answers_out, sequences)
-    held_out = max(1, int(len(sequences) * args.held_out_fraction))
-    sequences = [s for s in sequences if len(s.ids) > s.answer_start + args.block_size]
-    if len(sequences) <= held_out:
-        raise TrainDrafterError(f"only {len(sequences)} usable answers (longer than a block): add prompts or tokens")
-    evaluation, training = sequences[:held_out], sequences[held_out:]
+    usable = [s for s in sequences if len(s.ids) > s.answer_start + args.block_size]
+    evaluation, training = split_by_prompt(usable, args.held_out_fraction)
+    if not training:
+        raise TrainDrafterError(f"only {len(usable)} usable answers (longer than a block): add prompts or tokens")
     data_seconds = time.time() - t0
     print(f"self-distillation: {len(training)} training / {len(evaluation)} held-out answers in {data_seconds:.0f}s",
           flush=True)  # fmt: skip
@@ -376,7 +386,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
     parser.add_argument("--out", required=True, help="output folder for the drafter")
     parser.add_argument("--prompts", help="training prompts: .txt (one per line) or .jsonl ('prompt')")
-    parser.add_argument("--answers-in", default="", help="train on answers written by --answers-out instead of --prompts")
+    parser.add_argument("--answers-in", nargs="+", default=[],
+                        help="train on answers written by --answers-out instead of --prompts (several files: all "
+                        "their answers; the held-out prompts are the first file's first ones)")  # fmt: skip
     parser.add_argument("--init-from", default="", help="continue training this drafter (upstream format, same shape)")
     parser.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")

@@ -122,3 +122,20 @@ def test_a_configuration_the_launcher_refuses_stops_the_run_before_any_server_st
     assert line.startswith("python -m bench.side_by_side: error: configuration 'mtp' is refused: sglang_ddtree.launch: error:")
     assert "needs a target that ships MTP layers" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_runs_split_by_dataset_merge_into_the_report_of_one_run(tmp_path):
+    """One dataset per GPU: the merged report equals the report of a single run over both datasets."""
+    from bench.merge_side_by_side import MergeError, merge
+
+    humaneval = [record(r.config, r.prompt_id.replace("mt_bench", "humaneval"), dataset="humaneval", end=r.end,
+                        verifies=r.verify_ct, histogram=r.accept_histogram, ids=r.output_ids) for r in RECORDS]  # fmt: skip
+    top2 = {"mt_bench/82": [(-0.1, -3.0)] * 4, "humaneval/82": [(-0.1, -0.2)] * 4}
+    side_by_side.write_report(tmp_path / "gpu0", {"commit": "abc"}, RECORDS, {"mt_bench/82": top2["mt_bench/82"]})
+    side_by_side.write_report(tmp_path / "gpu1", {"commit": "abc"}, humaneval, {"humaneval/82": top2["humaneval/82"]})
+    merged = merge([tmp_path / "gpu0", tmp_path / "gpu1"], tmp_path / "merged")
+    single = side_by_side.write_report(tmp_path / "single", {"commit": "abc"}, RECORDS + humaneval, top2)
+    assert merged["summary"] == single["summary"] and merged["divergences"] == single["divergences"]
+    assert [p["datasets"] for p in merged["meta"]["parts"]] == [["mt_bench"], ["humaneval"]]
+    with pytest.raises(MergeError, match="both measured mt_bench"):
+        merge([tmp_path / "gpu0", tmp_path / "single"], tmp_path / "refused")

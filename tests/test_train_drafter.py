@@ -17,7 +17,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from sglang_ddtree.train_drafter import learning_rate_scale, training_progress
+from sglang_ddtree.train_drafter import DistilledAnswer, learning_rate_scale, split_by_prompt, training_progress
 from support import CPU_ENGINE_ARGS, run_engine_generate
 from tiny_models import EOS_TOKEN_ID, MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
 
@@ -151,6 +151,16 @@ def test_a_time_budget_compresses_the_schedule_instead_of_cutting_it_short():
     assert learning_rate_scale(0.02, warmup_fraction=0.04) == pytest.approx(0.5 * 0.525 * (1 + math.cos(0.02 * math.pi)))
     assert learning_rate_scale(0.5, warmup_fraction=0.04) == pytest.approx(0.5)
     assert learning_rate_scale(1.0, warmup_fraction=0.04) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side():
+    """More answer files for the same pool (more samples) must not leak held-out prompts into training."""
+    first_file = [DistilledAnswer(ids=[p, p, 9, i], answer_start=2) for i, p in enumerate([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])]
+    more_samples = [DistilledAnswer(ids=[p, p, 8, 8], answer_start=2) for p in [10, 1, 5, 2]]
+    held_out, training = split_by_prompt(first_file + more_samples, held_out_fraction=0.2)
+    assert sorted(a.ids for a in held_out) == [[1, 1, 8, 8], [1, 1, 9, 0], [2, 2, 8, 8], [2, 2, 9, 1]]
+    assert len(training) == 10 and not {a.ids[0] for a in training} & {1, 2}
+    assert len(split_by_prompt(first_file[:3], held_out_fraction=0.05)[0]) == 1  # at least one prompt
 
 
 def test_bad_arguments_fail_with_one_line(tmp_path):
