@@ -16,7 +16,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET, model_configs
 from sglang_ddtree.model_configs import ModelConfigError
@@ -67,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-path",
         help="target model folder or Hugging Face id (default: the embedded SmolLM2-135M-Instruct demo)",
     )
-    parser.add_argument("--draft-model-path", help="DFlash drafter folder or id (dflash, ddtree)")
+    parser.add_argument(
+        "--draft-model-path",
+        help="DFlash drafter folder or id (dflash, ddtree; default with the demo model: its shipped drafter)",
+    )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument(
         "--budget", type=int, help=f"ddtree: tree nodes per request, root excluded (default {DDTREE_DEFAULT_BUDGET})"
@@ -178,6 +181,16 @@ def resolve_server_argv(request: LaunchRequest, model_path: str) -> list[str]:
     ]  # fmt: skip
 
 
+def with_demo_drafter(request: LaunchRequest) -> LaunchRequest:
+    """The embedded demo model comes with its shipped drafter, so ``--algo dflash`` and ``ddtree`` run with
+    no paths at all; a target given by ``--model-path`` needs its own drafter."""
+    if request.algo in ("dflash", "ddtree") and not request.model_path and not request.draft_model_path:
+        from sglang_ddtree.demo_model import DEMO_DRAFTER_PATH
+
+        return replace(request, draft_model_path=DEMO_DRAFTER_PATH)
+    return request
+
+
 def _model_path(request: LaunchRequest) -> str:
     """The target to serve: ``--model-path``, else the embedded demo model (built once, also on a dry run,
     since its config is what the checks read)."""
@@ -209,6 +222,7 @@ def _serve(server_argv: list[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         request, dry_run = parse_request(sys.argv[1:] if argv is None else argv)
+        request = with_demo_drafter(request)
         server_argv = resolve_server_argv(request, _model_path(request))
     except (LaunchError, ModelConfigError) as e:
         print(f"sglang_ddtree.launch: error: {e}", file=sys.stderr)

@@ -114,6 +114,22 @@ def test_without_model_path_the_embedded_demo_model_is_served(models, tmp_path):
     assert model_path.startswith(str(tmp_path)) and "smollm2" in model_path
 
 
+@pytest.mark.parametrize("algo", ["dflash", "ddtree"])
+def test_without_paths_the_demo_model_is_served_with_its_shipped_drafter(tmp_path, algo):
+    """The shipped drafter passes the launcher's drafter-vs-target checks against the demo model."""
+    from sglang_ddtree.demo_model import DEMO_DRAFTER_PATH
+
+    env = {**os.environ, "SGLANG_DDTREE_CACHE_DIR": str(tmp_path)}
+    result = launch("--algo", algo, "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout)[3:]
+    assert flag(argv, "--model-path").startswith(str(tmp_path))
+    assert flag(argv, "--speculative-draft-model-path") == DEMO_DRAFTER_PATH
+    with open(os.path.join(DEMO_DRAFTER_PATH, "config.json")) as f:
+        assert json.load(f)["block_size"] == 16
+    assert flag(argv, "--speculative-num-draft-tokens") == ("16" if algo == "dflash" else "33")
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [

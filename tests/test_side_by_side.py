@@ -49,6 +49,27 @@ def test_greedy_divergence_is_reported_with_position_and_ar_margin():
     ]  # fmt: skip
 
 
+def test_greedy_outputs_are_compared_at_the_same_concurrency_and_ar_with_itself():
+    """At concurrency 8 AR itself took another path at a near tie (position 1): the DDTree output that follows
+    it is not a divergence, AR's own change is listed (the noise floor), and a margin is given only where
+    AR's logprob pass (top-1 tokens 5, 6, 7, 8) followed the reference up to the divergence."""
+    at_8 = [
+        record("ar", "mt_bench/81", ids=[5, 4, 4, 4], concurrency=8),
+        record("ddtree B=32", "mt_bench/81", verifies=4, ids=[5, 4, 4, 4], concurrency=8),
+        record("ddtree B=32", "mt_bench/81", verifies=4, ids=[5, 4, 4, 9], concurrency=1),
+    ]
+    ar_top2 = {"mt_bench/81": [(-0.1, -3.0, 5), (-0.5, -0.52, 6), (-0.2, -2.0, 7), (-0.3, -1.0, 8)]}
+    found = side_by_side.greedy_divergences([RECORDS[0], *at_8], ar_top2)
+    assert found == [
+        {"config": "ar", "prompt_id": "mt_bench/81", "concurrency": 8, "position": 1, "ar_top2_margin": pytest.approx(0.02)},
+        {"config": "ddtree B=32", "prompt_id": "mt_bench/81", "concurrency": 1, "position": 1,
+         "ar_top2_margin": pytest.approx(0.02)},
+    ]  # fmt: skip
+    off_path = {"mt_bench/81": [(-0.1, -3.0, 5), (-0.5, -0.52, 4), (-0.2, -2.0, 7), (-0.3, -1.0, 8)]}
+    late = [record("ddtree B=32", "mt_bench/81", verifies=4, ids=[5, 6, 7, 9])]
+    assert side_by_side.greedy_divergences([RECORDS[0], *late], off_path)[0]["ar_top2_margin"] is None
+
+
 def test_report_writes_json_markdown_and_plots(tmp_path):
     meta = {"date": "2026-11-29", "commit": "abc1234", "gpu": "H200", "model_path": "m", "tp": 1, "max_new_tokens": 11}
     report = side_by_side.write_report(tmp_path, meta, RECORDS, {})
