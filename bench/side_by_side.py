@@ -128,7 +128,7 @@ def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tup
     are compared with its lowest one: the batch-shape noise floor): prompt, configuration, first differing
     position and AR's top-1/top-2 log-probability margin there.
 
-    ``ar_top2[prompt_id][i]`` is ``(top-1, top-2 log-probability, top-1 token)`` at token ``i`` of AR's untimed
+    ``ar_top2[prompt_id][i]`` is ``(top-1, top-2 log-probability, chosen token)`` at token ``i`` of AR's untimed
     logprob pass. That pass can itself take another path at a near tie; a margin is reported only where the
     pass followed the reference output up to the divergence (runs that recorded no top-1 tokens: unchecked).
     """
@@ -291,15 +291,16 @@ def run_cell(url: str, config: str, prompts: list[dict], temperature: float, con
 
 
 def ar_top2_logprobs(url: str, prompts: list[dict], max_new_tokens: int) -> dict[str, list[tuple[float, float, int]]]:
-    """AR's top-1/top-2 log-probabilities and top-1 token at each greedy position (an untimed pass)."""
+    """AR's top-1/top-2 log-probabilities and the token it chose at each greedy position (an untimed pass)."""
     out = {}
     for prompt in prompts:
         request = urllib.request.Request(url + "/generate", headers={"Content-Type": "application/json"}, data=json.dumps({
             "input_ids": prompt["input_ids"], "return_logprob": True, "top_logprobs_num": 2,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}}).encode())  # fmt: skip
         with urllib.request.urlopen(request, timeout=1800) as response:
-            top = json.loads(response.read())["meta_info"]["output_top_logprobs"]
-        out[prompt["id"]] = [(step[0][0], step[1][0], step[0][1]) for step in top if len(step) >= 2]
+            result = json.loads(response.read())
+        top = result["meta_info"]["output_top_logprobs"]
+        out[prompt["id"]] = [(step[0][0], step[1][0], token) for step, token in zip(top, result["output_ids"])]
     return out
 
 

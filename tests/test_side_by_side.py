@@ -160,3 +160,36 @@ def test_runs_split_by_dataset_merge_into_the_report_of_one_run(tmp_path):
     assert [p["datasets"] for p in merged["meta"]["parts"]] == [["mt_bench"], ["humaneval"]]
     with pytest.raises(MergeError, match="both measured mt_bench"):
         merge([tmp_path / "gpu0", tmp_path / "single"], tmp_path / "refused")
+
+
+def test_ar_logprob_pass_keeps_the_chosen_tokens_beside_the_top_two():
+    """The untimed AR pass parses SGLang's ``/generate`` logprob response (entries ``(logprob, token id,
+    text)``) into ``(top-1, top-2, chosen token)`` per position, the path the divergence check follows."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    response = {"output_ids": [7, 3], "meta_info": {"output_top_logprobs": [
+        [[-0.1, 7, None], [-2.5, 9, None]], [[-0.4, 3, None], [-0.45, 8, None]]]}}  # fmt: skip
+    requests = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps(response).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        top2 = side_by_side.ar_top2_logprobs(url, [{"id": "mt_bench/81", "input_ids": [1, 2]}], max_new_tokens=2)
+    finally:
+        server.shutdown()
+    assert top2 == {"mt_bench/81": [(-0.1, -2.5, 7), (-0.4, -0.45, 3)]}
+    assert requests[0]["top_logprobs_num"] == 2 and requests[0]["sampling_params"]["temperature"] == 0
