@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV
+from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server
 
 COMMON_FLAGS = [
@@ -60,17 +60,6 @@ def measure(url: str, bs: int, new_tokens: int, prompt_len: int) -> dict:
     tokens = sum(len(o["output_ids"]) for o in outs)
     accept = tokens / sum(o["meta_info"].get("spec_verify_ct") or len(o["output_ids"]) for o in outs)
     return {"wall_s": wall, "steps": steps, "step_ms": 1000 * wall / steps, "tok_s": tokens / wall, "accept_len": accept}
-
-
-def step_profile(url: str) -> dict | None:
-    """The server's ``ddtree_step_profile`` (None when it has none)."""
-    return post(url + "/server_info")["internal_states"][0].get("ddtree_step_profile")
-
-
-def phase_means(before: dict, after: dict) -> dict[str, float]:
-    """Mean ms per step of each phase over the steps profiled between two snapshots."""
-    steps = max(1, after["steps"] - before["steps"])
-    return {p: (after["total_ms"][p] - before["total_ms"][p]) / steps for p in PHASES}
 
 
 def main() -> None:
@@ -112,12 +101,12 @@ def main() -> None:
             verify_width = info.get("speculative_num_draft_tokens") or 1
             for bs in batch_sizes:
                 measure(url, bs, 16, args.prompt_len)  # warm-up
-                before = step_profile(url)
+                before = server_step_profile(url)
                 runs = [measure(url, bs, args.new_tokens, args.prompt_len) for _ in range(args.repeats)]
                 row = {"algo": name, "verify_width": verify_width, "bs": bs,
                        **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}  # fmt: skip
                 if before is not None:
-                    row["phase_ms"] = phase_means(before, step_profile(url))
+                    row["phase_ms"] = phase_means(before, server_step_profile(url))
                 rows.append(row)
                 print(f"[{time.perf_counter() - t0:6.1f}s] {name} bs={bs}: {row['step_ms']:.3f} ms/step, "
                       f"accept {row['accept_len']:.3f}", flush=True)  # fmt: skip

@@ -2,7 +2,8 @@
 
     python -m bench.side_by_side --model-path P [--draft-model-path D] --algos ar,mtp,dflash,ddtree \\
         [--budgets 16,32,64] [--concurrency 1,4,16] [--temperatures 0,1] [--datasets mt_bench,humaneval] \\
-        [--num-prompts N] [--max-new-tokens 256] [--tp 2] --out DIR [--resume] [-- shared SGLang server flags ...]
+        [--num-prompts N] [--max-new-tokens 256] [--tp 2] [--profile-steps] --out DIR [--resume] \\
+        [-- shared SGLang server flags ...]
 
 Each configuration (one per algorithm; DDTree once per budget) is first checked by the launcher's
 ``--dry-run`` (a configuration it refuses stops the run before anything is measured), then launched in turn
@@ -16,6 +17,9 @@ tau (completion tokens per verify, bonus included) and the acceptance histogram.
 throughput, speedups vs AR and vs MTP. Greedy outputs are compared with AR's; since bf16 greedy decoding is
 not bitwise reproducible on a GPU, each divergence is listed with its prompt, position and AR's top-1/top-2
 log-probability margin there (AR's per-token top-2 are recorded in an extra, untimed pass).
+
+``--profile-steps`` also splits each DDTree cell's decode step into its phases (CUDA events on the server,
+``sglang_ddtree.ddtree_step_profile``): where the step's time goes on the pair being measured.
 
 Writes ``side_by_side.json`` (every raw number and the exact commands), ``side_by_side.md`` and PNG plots,
 after every configuration; ``--resume`` keeps the configurations already in ``DIR`` and measures the others
@@ -34,9 +38,10 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from sglang_ddtree.cli import OneLineArgumentParser
+from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -236,16 +241,31 @@ def _save(fig, path: Path) -> str:
     return path.name
 
 
-def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: dict) -> dict:
+def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: dict,
+                 step_profiles: Sequence[dict] = ()) -> dict:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
     divergences = greedy_divergences(records, ar_top2)
-    report = {"meta": meta, "summary": rows, "divergences": divergences,
+    report = {"meta": meta, "summary": rows, "divergences": divergences, "step_profiles": list(step_profiles),
               "requests": [asdict(r) for r in records], "ar_top2": ar_top2}  # fmt: skip
     report["plots"] = plots(rows, out)
     (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
-    (out / "side_by_side.md").write_text(markdown(meta, rows, divergences))
+    (out / "side_by_side.md").write_text(markdown(meta, rows, divergences) + step_profile_markdown(step_profiles))
     return report
+
+
+def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
+    """The DDTree decode step split into its phases per cell (``--profile-steps``), or nothing."""
+    if not step_profiles:
+        return ""
+    lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; `sglang_ddtree.ddtree_step_profile`):", "",
+             "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step |",
+             "|:--|:--|--:|--:|--:|" + "--:|" * (len(PHASES) + 1)]  # fmt: skip
+    for p in step_profiles:
+        phases = [p["phase_ms"][phase] for phase in PHASES]
+        lines.append(f"| {p['config']} | {','.join(p['datasets'])} | {p['temperature']:g} | {p['concurrency']} | "
+                     f"{p['steps']} | " + " | ".join(f"{ms:.3f}" for ms in phases) + f" | {sum(phases):.3f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 # --- running ------------------------------------------------------------------------------------------
@@ -371,6 +391,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
     parser.add_argument("--url", action="append", default=[], help="CONFIG=URL: attach instead of launching")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--profile-steps", action="store_true",
+                        help=f"DDTree servers time their decode-step phases ({PROFILE_STEPS_ENV}=1: CUDA events, no "
+                        "host sync); the per-cell split is added to the report")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations already measured in --out and run only the others")
     args = parser.parse_args(own)
@@ -407,7 +430,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     prompts = tokenized_prompts(rows, args.model_path)
     warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
                                 for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
-    records, ar_top2, commands = resumed(out) if args.resume else ([], {}, {})
+    records, ar_top2, commands, step_profiles = resumed(out) if args.resume else ([], {}, {}, [])
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
             "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
@@ -417,30 +440,39 @@ def main(argv: Optional[list[str]] = None) -> None:
         for config, launch_args in todo.items():
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
             log = str(out / f"server_{config.replace(' ', '_')}.log")
-            with launched_server([*launch_args, *shared], log_path=log, ready_timeout=900) if config not in attached \
-                    else _attached(attached[config]) as url:  # fmt: skip
+            profile = args.profile_steps and config.startswith("ddtree")
+            env = {PROFILE_STEPS_ENV: "1"} if profile else None
+            with launched_server([*launch_args, *shared], log_path=log, env=env, ready_timeout=900) \
+                    if config not in attached else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
                 urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=60)
                 if config == "ar" and 0.0 in args.temperatures:
                     ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
                 for temperature, concurrency in cells:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
+                    before = server_step_profile(url) if profile else None
                     records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens)
+                    if before is not None:
+                        after = server_step_profile(url)
+                        step_profiles.append({"config": config, "datasets": args.datasets, "temperature": temperature,
+                                              "concurrency": concurrency, "steps": after["steps"] - before["steps"],
+                                              "phase_ms": phase_means(before, after)})  # fmt: skip
                     progress.update(len(prompts))
             # After every configuration, so that a run cut short (or resumed later) keeps what it measured.
-            write_report(out, meta, records, ar_top2)
+            write_report(out, meta, records, ar_top2, step_profiles)
     print((out / "side_by_side.md").read_text())
 
 
-def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict]:
-    """Records, AR's top-2 log-probabilities and commands of the report already in ``out`` (``--resume``)."""
+def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict, list[dict]]:
+    """Records, AR's top-2 log-probabilities, commands and step profiles of the report already in ``out``
+    (``--resume``)."""
     path = out / "side_by_side.json"
     if not path.is_file():
-        return [], {}, {}
+        return [], {}, {}, []
     report = json.loads(path.read_text())
     records = [RequestRecord(**r) for r in report["requests"]]
     ar_top2 = {k: [tuple(pair) for pair in v] for k, v in report.get("ar_top2", {}).items()}
-    return records, ar_top2, dict(report["meta"].get("commands", {}))
+    return records, ar_top2, dict(report["meta"].get("commands", {})), list(report.get("step_profiles", []))
 
 
 def _commit() -> str:

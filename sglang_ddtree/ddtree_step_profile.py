@@ -10,8 +10,10 @@ and the host clock times it.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import urllib.request
 from collections import deque
 from typing import Optional
 
@@ -101,3 +103,15 @@ STEP_PROFILE = StepProfile()
 
 def step_profile_report() -> Optional[dict]:
     return STEP_PROFILE.as_dict() if STEP_PROFILE.enabled else None
+
+
+def server_step_profile(url: str) -> Optional[dict]:
+    """A running server's ``ddtree_step_profile`` (``/server_info``), None when it does not profile."""
+    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
+        return json.loads(response.read())["internal_states"][0].get("ddtree_step_profile")
+
+
+def phase_means(before: dict, after: dict) -> dict[str, float]:
+    """Mean ms per step of each phase over the steps profiled between two snapshots of :meth:`StepProfile.as_dict`."""
+    steps = max(1, after["steps"] - before["steps"])
+    return {p: (after["total_ms"][p] - before["total_ms"][p]) / steps for p in PHASES}

@@ -245,3 +245,25 @@ class DFlashDrafter(nn.Module):
         }
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
+
+
+def target_forward(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One frozen pass of the (Hugging Face) target: the concatenated outputs of the layers ``layer_ids``
+    (``hidden_states[i + 1]``) ``[S, T, F*H]``, the drafter's context, and the next-token logits ``[S, T, V]``."""
+    with torch.no_grad():
+        out = model(input_ids=input_ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
+
+
+def block_logits(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: torch.Tensor, features: torch.Tensor,
+                 mask_token_id: int) -> torch.Tensor:  # fmt: skip
+    """The drafter's logits ``[S, A, B-1, V]`` (float32) for the blocks ``[ids[anchor], MASK, ...]`` at
+    ``anchor_pos [S, A]``, each seeing the target's ``features`` strictly before its anchor; entry ``k - 1``
+    guesses the token ``k`` places after the anchor. The target's embedding and LM head are the drafter's."""
+    positions = anchor_pos[..., None] + torch.arange(drafter.shape.block_size, device=ids.device)  # [S, A, B]
+    block_ids = torch.full_like(positions, mask_token_id)
+    block_ids[..., 0] = torch.gather(ids, 1, anchor_pos)
+    visible = torch.arange(ids.shape[1], device=ids.device)[None, None, :] < anchor_pos[..., None]  # [S, A, T]
+    embeds = model.get_input_embeddings()(block_ids).detach()
+    hidden = drafter(embeds, positions, features.detach(), visible)
+    return model.get_output_embeddings()(hidden[..., 1:, :]).float()

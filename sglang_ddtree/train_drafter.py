@@ -15,8 +15,9 @@
    AdamW, warm-up then cosine decay (fitted to ``--time-budget-minutes`` when that ends training first),
    gradient clipping; the target's embedding and LM head are shared. ``--init-from`` continues a drafter.
 3. Output: ``DIR`` in the upstream ``DFlashDraftModel`` format, with the mask token resolved for the
-   target's tokenizer, plus ``training.json`` (losses, held-out per-position accuracy and the chain
-   acceptance length it implies).
+   target's tokenizer, plus ``training.json``: losses, held-out per-position agreement with the target, and
+   the held-out greedy tau of DFLASH and of DDTree at ``--eval-budgets`` (``drafter_acceptance``: decoding
+   replayed along the held-out answers' greedy paths, what a T = 0 server reports).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ddtree.cli import OneLineArgumentParser
-from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
+from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
+from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape, block_logits, target_forward
 
 UPSTREAM_MASK_TOKEN = "<|MASK|>"
 DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # DFlash's loss decay per block size
@@ -202,14 +204,6 @@ def load_drafter(drafter: DFlashDrafter, folder: str) -> None:
     drafter.load_upstream_state_dict({name: t.to(drafter.fc.weight.dtype) for name, t in tensors.items()})
 
 
-def target_forward(model, input_ids: torch.Tensor, layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One frozen target pass: the concatenated outputs of the layers ``layer_ids`` (HF ``hidden_states[i + 1]``)
-    ``[S, T, F*H]``, the drafter's context, and the next-token logits ``[S, T, V]``, its teacher."""
-    with torch.no_grad():
-        out = model(input_ids=input_ids, output_hidden_states=True)
-    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1), out.logits
-
-
 def make_batch(sequences: list[DistilledAnswer], anchors: int, block: int, pad_id: int, rng: random.Random, device):
     """Right-padded ids ``[S, T]`` and anchor positions ``[S, A]`` inside the answers."""
     width = max(len(s.ids) for s in sequences)
@@ -226,7 +220,7 @@ def make_batch(sequences: list[DistilledAnswer], anchors: int, block: int, pad_i
 
 def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: torch.Tensor, mask_token_id: int,
                gamma: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Weighted block cross-entropy and per-position top-1 hits ``[B-1]`` (for acceptance estimates).
+    """Weighted block cross-entropy and per-position hits ``[B-1]`` (the drafter's top-1 is the target's).
 
     The label of each position is the target's own top-1 next token after the answer's prefix: for a greedy
     answer that is the answer's next token; for a sampled answer the sampled token is one draw from the
@@ -234,17 +228,11 @@ def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: tor
     comes from the same teacher-forced pass that gives the drafter its context.
     """
     block = drafter.shape.block_size
-    offsets = torch.arange(block, device=ids.device)
-    positions = anchor_pos[..., None] + offsets  # [S, A, B]
-    block_ids = torch.full_like(positions, mask_token_id)
-    block_ids[..., 0] = torch.gather(ids, 1, anchor_pos)
     features, target_logits = target_forward(model, ids, drafter.shape.target_layer_ids)
+    logits = block_logits(drafter, model, ids, anchor_pos, features, mask_token_id)  # [S, A, B-1, V]
     # Block position k >= 1 predicts the token k after the anchor, which the target predicts one position earlier.
-    labels = torch.gather(target_logits.argmax(-1), 1, positions[..., :-1].flatten(1)).view_as(positions[..., 1:])
-    visible = torch.arange(ids.shape[1], device=ids.device)[None, None, :] < anchor_pos[..., None]  # [S, A, T]
-    embed = model.get_input_embeddings()
-    hidden = drafter(embed(block_ids).detach(), positions, features.detach(), visible)
-    logits = model.get_output_embeddings()(hidden[..., 1:, :]).float()  # [S, A, B-1, V]
+    positions = anchor_pos[..., None] + torch.arange(block - 1, device=ids.device)  # [S, A, B-1]
+    labels = torch.gather(target_logits.argmax(-1), 1, positions.flatten(1)).view_as(positions)
     losses = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
     weights = torch.exp(-torch.arange(block - 1, device=ids.device, dtype=torch.float32) / gamma)
     loss = (losses * weights).sum() / (weights.sum() * losses.shape[0] * losses.shape[1])
@@ -264,12 +252,6 @@ def learning_rate_scale(progress: float, warmup_fraction: float) -> float:
     """Linear warm-up over the first ``warmup_fraction`` of training, then cosine decay towards zero."""
     warm = min(1.0, (progress + 1e-3) / warmup_fraction) if warmup_fraction > 0 else 1.0
     return warm * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def chain_acceptance_length(hits: torch.Tensor) -> float:
-    """Expected tokens per verify of a chain drafter whose depth-k guesses are right with rate ``hits[k]``
-    (treating depths as independent): 1 + sum_k prod_{j<=k} hits[j]."""
-    return 1.0 + float(torch.cumprod(hits, 0).sum())
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -354,6 +336,8 @@ def train(args: argparse.Namespace) -> dict:
             ids, anchors = make_batch(evaluation[start : start + args.batch_size], args.anchors, args.block_size,
                                       pad_id, rng, device)  # fmt: skip
             hits.append(block_loss(drafter, model, ids, anchors, mask_token_id, gamma)[1])
+        accepted = greedy_acceptance(drafter, model, [(s.ids, s.answer_start) for s in evaluation], mask_token_id,
+                                     args.eval_budgets)  # fmt: skip
     held_out_hits = torch.stack(hits).mean(0).cpu()
     drafter.to(torch.bfloat16).save_pretrained(args.out, target_config, mask_token, mask_token_id)
     report = {
@@ -362,7 +346,8 @@ def train(args: argparse.Namespace) -> dict:
         "mask_token": mask_token, "mask_token_id": mask_token_id, "target_layer_ids": list(shape.target_layer_ids),
         "first_losses": losses[:5], "last_losses": losses[-5:],
         "held_out_top1_by_position": [round(float(h), 4) for h in held_out_hits],
-        "held_out_chain_acceptance_length": round(chain_acceptance_length(held_out_hits), 3),
+        "held_out_greedy_tau": {name: round(tau(steps), 3) if steps else None for name, steps in accepted.items()},
+        "held_out_greedy_verifies": len(accepted["dflash"]),
         "args": vars(args),
     }  # fmt: skip
     with open(os.path.join(args.out, "training.json"), "w") as f:
@@ -394,6 +379,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")
     parser.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=1")
     parser.add_argument("--held-out-fraction", type=float, default=0.05)
+    parser.add_argument("--eval-budgets", type=lambda text: [int(b) for b in text.split(",") if b], default=[16, 32, 64],
+                        help="DDTree budgets whose held-out greedy tau is reported beside DFLASH's")  # fmt: skip
     parser.add_argument("--num-layers", type=int, default=1, help="drafter decoder layers")
     parser.add_argument("--num-features", type=int, default=3, help="target layers feeding the drafter")
     parser.add_argument("--block-size", type=int, default=16)
@@ -437,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
     except TrainDrafterError as e:
         print(f"sglang_ddtree.train_drafter: error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps({k: report[k] for k in ("last_losses", "held_out_chain_acceptance_length")}))
+    print(json.dumps({k: report[k] for k in ("last_losses", "held_out_greedy_tau")}))
 
 
 if __name__ == "__main__":

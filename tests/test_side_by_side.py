@@ -91,10 +91,11 @@ def test_a_resumed_run_keeps_the_measured_configurations_and_ar_margins(tmp_path
     ar_top2 = {"mt_bench/82": [(-0.1, -3.0), (-0.2, -2.0), (-0.7, -0.75), (-0.1, -4.0)]}
     commands = {"ar": ["python", "-m", "sglang_ddtree.launch", "--algo", "ar"]}
     side_by_side.write_report(tmp_path, {"commands": commands}, RECORDS, ar_top2)
-    records, restored_top2, restored_commands = side_by_side.resumed(tmp_path)
+    records, restored_top2, restored_commands, restored_profiles = side_by_side.resumed(tmp_path)
     assert records == RECORDS and restored_commands == commands
     assert side_by_side.greedy_divergences(records, restored_top2) == side_by_side.greedy_divergences(RECORDS, ar_top2)
-    assert side_by_side.resumed(tmp_path / "elsewhere") == ([], {}, {})
+    assert restored_profiles == []
+    assert side_by_side.resumed(tmp_path / "elsewhere") == ([], {}, {}, [])
 
 
 def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the_double_dash():
@@ -193,3 +194,17 @@ def test_ar_logprob_pass_keeps_the_chosen_tokens_beside_the_top_two():
         server.shutdown()
     assert top2 == {"mt_bench/81": [(-0.1, -2.5, 7), (-0.4, -0.45, 3)]}
     assert requests[0]["top_logprobs_num"] == 2 and requests[0]["sampling_params"]["temperature"] == 0
+
+
+def test_ddtree_step_phases_are_reported_per_cell(tmp_path):
+    """``--profile-steps``: each DDTree cell's mean GPU ms per decode-step phase, in the JSON and the Markdown."""
+    from sglang_ddtree.ddtree_step_profile import PHASES
+
+    profile = {"config": "ddtree B=32", "datasets": ["mt_bench"], "temperature": 0.0, "concurrency": 1, "steps": 40,
+               "phase_ms": dict(zip(PHASES, [1.0, 0.5, 0.25, 2.0, 0.25]))}  # fmt: skip
+    side_by_side.write_report(tmp_path, {}, RECORDS, {}, [profile])
+    assert side_by_side.resumed(tmp_path)[3] == [profile]
+    assert "| ddtree B=32 | mt_bench | 0 | 1 | 40 | 1.000 | 0.500 | 0.250 | 2.000 | 0.250 | 4.000 |" in (
+        tmp_path / "side_by_side.md").read_text()
+    args, _ = side_by_side.parse_args(["--model-path", "m", "--draft-model-path", "d", "--out", "o", "--profile-steps"])
+    assert args.profile_steps

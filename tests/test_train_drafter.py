@@ -63,7 +63,8 @@ def test_training_lowers_the_block_loss_and_predicts_held_out_answers(trained):
     first, last = report["first_losses"], report["last_losses"]
     assert sum(last) / len(last) < sum(first) / len(first) - 1.0
     assert len(report["held_out_top1_by_position"]) == BLOCK - 1
-    assert report["held_out_chain_acceptance_length"] > 1.5
+    assert report["held_out_greedy_tau"]["dflash"] > 1.5 and report["held_out_greedy_verifies"] > 0
+    assert set(report["held_out_greedy_tau"]) == {"dflash", "ddtree B=16", "ddtree B=32", "ddtree B=64"}
 
 
 def test_checkpoint_is_in_the_upstream_dflash_format(trained, tmp_path):
@@ -83,7 +84,9 @@ def test_checkpoint_is_in_the_upstream_dflash_format(trained, tmp_path):
     assert weights(trained["drafter"]) == weights(reference)
 
 
-def test_sglang_serves_the_trained_drafter_losslessly_with_higher_acceptance(trained):
+@pytest.fixture(scope="module")
+def served(trained):
+    """DFLASH on SGLang's CPU engine (float32) with the trained and an untrained drafter: 6 greedy requests."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(trained["target"])
@@ -98,16 +101,43 @@ def test_sglang_serves_the_trained_drafter_losslessly_with_higher_acceptance(tra
               "disable_radix_cache": True}  # fmt: skip
     greedy = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
 
-    def dflash(drafter: str) -> tuple[list, float]:
-        run = run_engine_generate({**engine, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter},
-                                  prompts, greedy)["sequential"]  # fmt: skip
-        metas = run["meta_info"]
-        return run["output_ids"], sum(m["completion_tokens"] for m in metas) / sum(m["spec_verify_ct"] for m in metas)
+    def dflash(drafter: str) -> dict:
+        return run_engine_generate({**engine, "speculative_algorithm": "DFLASH", "speculative_draft_model_path": drafter},
+                                   prompts, greedy)["sequential"]  # fmt: skip
 
-    (trained_ids, trained_length), (untrained_ids, untrained_length) = dflash(trained["drafter"]), dflash(untrained)
+    return {"prompts": prompts, "trained": dflash(trained["drafter"]), "untrained": dflash(untrained)}
+
+
+def accept_length(run: dict) -> float:
+    return sum(m["completion_tokens"] for m in run["meta_info"]) / sum(m["spec_verify_ct"] for m in run["meta_info"])
+
+
+def test_sglang_serves_the_trained_drafter_losslessly_with_higher_acceptance(served):
     # Lossless either way (DFLASH == AR is tests/test_engine_cpu.py's test): the drafter changes only the speed.
-    assert trained_ids == untrained_ids
+    assert served["trained"]["output_ids"] == served["untrained"]["output_ids"]
+    trained_length, untrained_length = accept_length(served["trained"]), accept_length(served["untrained"])
     assert trained_length > 1.6 and trained_length > untrained_length + 0.5, (trained_length, untrained_length)
+
+
+def test_the_trainers_replay_of_greedy_decoding_takes_the_servers_verify_steps(trained, served):
+    """``drafter_acceptance`` replays DFLASH along the served outputs with the trainer's own drafter and target
+    code: every request takes exactly the verify steps SGLang's CPU engine took (float32: no near-ties), so
+    the held-out tau in ``training.json`` is what the server would report."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sglang_ddtree.drafter_acceptance import greedy_acceptance
+    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.train_drafter import load_drafter
+
+    target = AutoModelForCausalLM.from_pretrained(trained["target"], dtype=torch.float32).eval()
+    with open(os.path.join(trained["target"], "config.json")) as f:
+        drafter = DFlashDrafter(DrafterShape.for_target(json.load(f), num_layers=1, num_features=2, block_size=BLOCK))
+    load_drafter(drafter, trained["drafter"])
+    run = served["trained"]
+    replayed = [greedy_acceptance(drafter, target, [(prompt + output, len(prompt))], MASK_TOKEN_ID)["dflash"]
+                for prompt, output in zip(served["prompts"], run["output_ids"])]  # fmt: skip
+    assert [len(steps) for steps in replayed] == [m["spec_verify_ct"] for m in run["meta_info"]]
 
 
 def test_an_sglang_engine_writes_the_same_greedy_answers_as_transformers(trained, tmp_path):
@@ -140,7 +170,7 @@ def test_training_continues_from_a_drafter_and_from_kept_answers(trained, tmp_pa
             safe_open(str(out / "model.safetensors"), "pt") as after:  # fmt: skip
         assert sorted(before.keys()) == sorted(after.keys())
         assert all(before.get_tensor(name).equal(after.get_tensor(name)) for name in before.keys())
-    assert json.loads((out / "training.json").read_text())["held_out_chain_acceptance_length"] > 1.5
+    assert json.loads((out / "training.json").read_text())["held_out_greedy_tau"]["dflash"] > 1.5
 
 
 def test_a_time_budget_compresses_the_schedule_instead_of_cutting_it_short():
