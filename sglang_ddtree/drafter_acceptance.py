@@ -78,12 +78,16 @@ def greedy_acceptance(drafter: DFlashDrafter, model, sequences: Iterable[tuple[l
         path = ids_list[:end]
         drafts = logits.argmax(-1).tolist()
         steps["dflash"] += walk(lambda a: chain_accepted(drafts[a - answer_start], path, a), answer_start, end)
+        if not budgets:
+            continue
+        # One sort for every budget: a budget's per-depth top-K (K = min(budget, V)) is a prefix of the largest.
+        top_logprobs, top_tokens = (t.cpu() for t in reference_topk_logprobs(logits, min(max(budgets), logits.shape[-1])))
         for budget in budgets:
-            top_logprobs, top_tokens = reference_topk_logprobs(logits, min(budget, logits.shape[-1]))
+            k = min(budget, logits.shape[-1])
 
             def ddtree_accepted(anchor: int) -> int:
-                row = anchor - answer_start
-                parent, token, _, _ = reference_build_tree(top_logprobs[row : row + 1], top_tokens[row : row + 1], budget)
+                row = slice(anchor - answer_start, anchor - answer_start + 1)
+                parent, token, _, _ = reference_build_tree(top_logprobs[row, :, :k], top_tokens[row, :, :k], budget)
                 return tree_accepted(parent[0].tolist(), token[0].tolist(), path, anchor)
 
             steps[f"ddtree B={budget}"] += walk(ddtree_accepted, answer_start, end)

@@ -211,3 +211,22 @@ def test_bad_arguments_fail_with_one_line(tmp_path):
         f"python -m sglang_ddtree.train_drafter: error: --init-from '{tmp_path}' is not a drafter folder "
         "(config.json and model.safetensors)"
     ]
+
+
+def test_drafters_are_compared_on_benchmark_prompts_without_a_server(trained, tmp_path):
+    """``python -m bench.drafter_replay``: the target answers HumanEval prompts greedily and each drafter's
+    DFLASH and DDTree tau along those answers is reported (the trained drafter beside an untrained one)."""
+    untrained = make_dflash_drafter(str(tmp_path / "untrained"), target_num_layers=TARGET_LAYERS, block_size=BLOCK,
+                                    shape=TinyShape(num_layers=1, vocab_size=VOCAB), target_layer_ids=[1, 3])  # fmt: skip
+    out = tmp_path / "replay"
+    result = subprocess.run([sys.executable, "-m", "bench.drafter_replay", "--target", trained["target"],
+                             "--drafter", trained["drafter"], "--drafter", untrained, "--datasets", "humaneval",
+                             "--num-prompts", "3", "--max-new-tokens", "24", "--budgets", "8,16", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert [(r["drafter"], r["dataset"], r["paths"]) for r in rows] == [
+        (trained["drafter"], "humaneval", 3), (untrained, "humaneval", 3)]
+    for row in rows:
+        assert set(row["tau"]) == {"dflash", "ddtree B=8", "ddtree B=16"} and min(row["tau"].values()) >= 1.0
+    assert "| ddtree B=8 tau | ddtree B=16 tau |" in out.with_suffix(".md").read_text()

@@ -1,0 +1,115 @@
+"""DFLASH and DDTree tau of DFlash drafters on the benchmark prompts, without a server or a GPU.
+
+    python -m bench.drafter_replay --target PATH --drafter DIR [--drafter DIR ...] [--datasets mt_bench,humaneval] \\
+        [--num-prompts 16] [--max-new-tokens 256] [--budgets 16,32,64] [--wheel-dir W] [--device cpu] --out FILE
+
+The target answers each prompt greedily here (float32; prompts built as ``bench.side_by_side`` sends them:
+same loader, same chat template), and ``sglang_ddtree.drafter_acceptance`` replays decoding along those
+answers with each drafter. The tau it gives is what a T = 0 server reports for these paths (on SGLang's CPU
+engine the replay takes exactly the server's verify steps); a GPU server in bf16 decodes slightly different
+paths, so its tau agrees statistically. Compare drafters on the benchmark prompts on any machine. Writes
+``FILE.json`` and ``FILE.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from bench.side_by_side import tokenized_prompts
+from sglang_ddtree.cli import OneLineArgumentParser
+
+
+def greedy_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_token_id: Optional[int]) -> list[list[int]]:
+    """The target's greedy answers, one prompt at a time (no padding), ending at its end-of-sequence token."""
+    import torch
+
+    device = next(model.parameters()).device
+    answers = []
+    with torch.no_grad():
+        for ids in prompt_ids:
+            out = model.generate(torch.tensor([ids], device=device), attention_mask=torch.ones(1, len(ids), device=device,
+                                 dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
+                                 eos_token_id=eos_token_id, pad_token_id=eos_token_id)  # fmt: skip
+            answers.append(out[0, len(ids) :].tolist())
+    return answers
+
+
+def load_drafter(folder: str, target_config: dict, device: str):
+    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.train_drafter import load_drafter as load_weights
+
+    with open(Path(folder) / "config.json") as f:
+        config = json.load(f)
+    shape = DrafterShape.for_target(target_config, int(config["num_hidden_layers"]),
+                                    len(config["dflash_config"]["target_layer_ids"]), int(config["block_size"]))  # fmt: skip
+    drafter = DFlashDrafter(shape)
+    load_weights(drafter, folder)
+    return drafter.float().to(device).eval(), int(config["dflash_config"]["mask_token_id"])
+
+
+def markdown(rows: list[dict], budgets: list[int]) -> str:
+    names = ["dflash"] + [f"ddtree B={b}" for b in budgets]
+    lines = ["| drafter | dataset | paths | greedy tokens | " + " | ".join(f"{n} tau" for n in names) + " |",
+             "|:--|:--|--:|--:|" + "--:|" * len(names)]  # fmt: skip
+    for r in rows:
+        taus = " | ".join("–" if r["tau"][n] is None else f"{r['tau'][n]:.3f}" for n in names)
+        lines.append(f"| {r['drafter']} | {r['dataset']} | {r['paths']} | {r['greedy_tokens']} | {taus} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from bench import prompts as prompt_sets
+    from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
+
+    parser = OneLineArgumentParser(prog="python -m bench.drafter_replay", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
+    parser.add_argument("--drafter", action="append", required=True, help="DFlash drafter folder (repeatable)")
+    parser.add_argument("--datasets", type=lambda text: text.split(","), default=["mt_bench", "humaneval"])
+    parser.add_argument("--num-prompts", type=int, default=16, help="per dataset (0: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--budgets", type=lambda text: [int(b) for b in text.split(",") if b], default=[16, 32, 64])
+    parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", required=True, help="output path without extension")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    unknown = sorted(set(args.datasets) - set(prompt_sets.SETS))
+    if unknown:
+        parser.error(f"unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(prompt_sets.SETS)}")
+
+    rows = []
+    for name in args.datasets:
+        chosen = prompt_sets.load([name], args.wheel_dir)
+        rows += chosen[: args.num_prompts] if args.num_prompts else chosen
+    prompts = tokenized_prompts(rows, args.target)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(args.device).eval()
+    answers = greedy_answers(target, [p["input_ids"] for p in prompts], args.max_new_tokens,
+                             AutoTokenizer.from_pretrained(args.target).eos_token_id)  # fmt: skip
+    with open(Path(args.target) / "config.json") as f:
+        target_config = json.load(f)
+    results = []
+    for folder in args.drafter:
+        drafter, mask_token_id = load_drafter(folder, target_config, args.device)
+        for dataset in args.datasets:
+            sequences = [(p["input_ids"] + answer, len(p["input_ids"])) for p, answer in zip(prompts, answers)
+                         if p["dataset"] == dataset]  # fmt: skip
+            steps = greedy_acceptance(drafter, target, sequences, mask_token_id, args.budgets)
+            results.append({"drafter": folder, "dataset": dataset, "paths": len(sequences),
+                            "greedy_tokens": sum(a + 1 for a in steps["dflash"]),
+                            "tau": {name: tau(accepted) for name, accepted in steps.items()}})  # fmt: skip
+            print(markdown(results[-1:], args.budgets).splitlines()[-1], flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"target": args.target, "drafters": args.drafter, "datasets": args.datasets, "num_prompts": args.num_prompts,
+            "max_new_tokens": args.max_new_tokens, "budgets": args.budgets, "device": args.device}  # fmt: skip
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    out.with_suffix(".md").write_text(markdown(results, args.budgets))
+
+
+if __name__ == "__main__":
+    main()
