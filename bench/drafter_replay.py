@@ -1,14 +1,16 @@
 """DFLASH and DDTree tau of DFlash drafters on the benchmark prompts, without a server or a GPU.
 
-    python -m bench.drafter_replay --target PATH --drafter DIR [--drafter DIR ...] [--datasets mt_bench,humaneval] \\
-        [--num-prompts 16] [--max-new-tokens 256] [--budgets 16,32,64] [--wheel-dir W] [--device cpu] --out FILE
+    python -m bench.drafter_replay --target PATH --drafter DIR [--drafter DIR ...] [--datasets mt_bench,humaneval |
+        --held-out-of ANSWERS.jsonl] [--num-prompts 16] [--max-new-tokens 256] [--budgets 16,32,64] [--wheel-dir W] \\
+        [--device cpu] --out FILE
 
 The target answers each prompt greedily here (float32; prompts built as ``bench.side_by_side`` sends them:
 same loader, same chat template), and ``sglang_ddtree.drafter_acceptance`` replays decoding along those
 answers with each drafter. The tau it gives is what a T = 0 server reports for these paths (on SGLang's CPU
 engine the replay takes exactly the server's verify steps); a GPU server in bf16 decodes slightly different
-paths, so its tau agrees statistically. Compare drafters on the benchmark prompts on any machine. Writes
-``FILE.json`` and ``FILE.md``.
+paths, so its tau agrees statistically. Compare drafters on the benchmark prompts on any machine, or, with
+``--held-out-of``, on the prompts their training held out (in distribution). Writes ``FILE.json`` and
+``FILE.md``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def greedy_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_
                                  eos_token_id=eos_token_id, pad_token_id=eos_token_id)  # fmt: skip
             answers.append(out[0, len(ids) :].tolist())
     return answers
+
+
+def held_out_prompts(answers_path: str, held_out_fraction: float, limit: int) -> list[dict]:
+    """The prompts a training run held out (``train_drafter``'s split of its ``--answers-out`` file), as token
+    ids: the in-distribution counterpart of the benchmark prompts."""
+    from sglang_ddtree.train_drafter import read_answers, split_by_prompt
+
+    held_out, _ = split_by_prompt(read_answers(answers_path), held_out_fraction)
+    prompt_ids = list(dict.fromkeys(tuple(a.ids[: a.answer_start]) for a in held_out))
+    return [{"dataset": "held-out", "input_ids": list(ids)} for ids in prompt_ids[: limit or None]]
 
 
 def load_drafter(folder: str, target_config: dict, device: str):
@@ -71,6 +83,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
     parser.add_argument("--drafter", action="append", required=True, help="DFlash drafter folder (repeatable)")
     parser.add_argument("--datasets", type=lambda text: text.split(","), default=["mt_bench", "humaneval"])
+    parser.add_argument("--held-out-of", default="",
+                        help="instead of --datasets: the held-out prompts of these training answers (train_drafter "
+                        "--answers-out; the trainer's split)")  # fmt: skip
+    parser.add_argument("--held-out-fraction", type=float, default=0.05, help="with --held-out-of: the trainer's")
     parser.add_argument("--num-prompts", type=int, default=16, help="per dataset (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--budgets", type=lambda text: [int(b) for b in text.split(",") if b], default=[16, 32, 64])
@@ -82,11 +98,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     if unknown:
         parser.error(f"unknown dataset(s) {', '.join(unknown)}; choose from {', '.join(prompt_sets.SETS)}")
 
-    rows = []
-    for name in args.datasets:
-        chosen = prompt_sets.load([name], args.wheel_dir)
-        rows += chosen[: args.num_prompts] if args.num_prompts else chosen
-    prompts = tokenized_prompts(rows, args.target)
+    if args.held_out_of:
+        prompts = held_out_prompts(args.held_out_of, args.held_out_fraction, args.num_prompts)
+        args.datasets = ["held-out"]
+    else:
+        rows = []
+        for name in args.datasets:
+            chosen = prompt_sets.load([name], args.wheel_dir)
+            rows += chosen[: args.num_prompts] if args.num_prompts else chosen
+        prompts = tokenized_prompts(rows, args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(args.device).eval()
     answers = greedy_answers(target, [p["input_ids"] for p in prompts], args.max_new_tokens,
                              AutoTokenizer.from_pretrained(args.target).eos_token_id)  # fmt: skip
@@ -105,8 +125,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             print(markdown(results[-1:], args.budgets).splitlines()[-1], flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"target": args.target, "drafters": args.drafter, "datasets": args.datasets, "num_prompts": args.num_prompts,
-            "max_new_tokens": args.max_new_tokens, "budgets": args.budgets, "device": args.device}  # fmt: skip
+    meta = {"target": args.target, "drafters": args.drafter, "datasets": args.datasets, "held_out_of": args.held_out_of,
+            "num_prompts": args.num_prompts, "max_new_tokens": args.max_new_tokens, "budgets": args.budgets,
+            "device": args.device}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     out.with_suffix(".md").write_text(markdown(results, args.budgets))
 

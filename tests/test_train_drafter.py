@@ -230,3 +230,12 @@ def test_drafters_are_compared_on_benchmark_prompts_without_a_server(trained, tm
     for row in rows:
         assert set(row["tau"]) == {"dflash", "ddtree B=8", "ddtree B=16"} and min(row["tau"].values()) >= 1.0
     assert "| ddtree B=8 tau | ddtree B=16 tau |" in out.with_suffix(".md").read_text()
+    # In distribution: the prompts the training held out (its split of the kept answers).
+    result = subprocess.run([sys.executable, "-m", "bench.drafter_replay", "--target", trained["target"],
+                             "--drafter", trained["drafter"], "--held-out-of", str(trained["root"] / "answers.jsonl"),
+                             "--max-new-tokens", "24", "--budgets", "8", "--out", str(out)],
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert row["dataset"] == "held-out" and row["paths"] == trained["report"]["held_out_answers"]
+    assert row["tau"]["dflash"] > 1.5
