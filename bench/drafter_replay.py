@@ -21,22 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.side_by_side import tokenized_prompts
-from sglang_ddtree.cli import OneLineArgumentParser
-
-
-def greedy_answers(model, prompt_ids: list[list[int]], max_new_tokens: int, eos_token_id: Optional[int]) -> list[list[int]]:
-    """The target's greedy answers, one prompt at a time (no padding), ending at its end-of-sequence token."""
-    import torch
-
-    device = next(model.parameters()).device
-    answers = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            out = model.generate(torch.tensor([ids], device=device), attention_mask=torch.ones(1, len(ids), device=device,
-                                 dtype=torch.long), max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=eos_token_id, pad_token_id=eos_token_id)  # fmt: skip
-            answers.append(out[0, len(ids) :].tolist())
-    return answers
+from sglang_ddtree.cli import OneLineArgumentParser, int_list
 
 
 def held_out_prompts(answers_path: str, held_out_fraction: float, limit: int) -> list[dict]:
@@ -78,6 +63,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     from bench import prompts as prompt_sets
     from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
+    from sglang_ddtree.train_drafter import self_distill_hf
 
     parser = OneLineArgumentParser(prog="python -m bench.drafter_replay", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
@@ -89,7 +75,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--held-out-fraction", type=float, default=0.05, help="with --held-out-of: the trainer's")
     parser.add_argument("--num-prompts", type=int, default=16, help="per dataset (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--budgets", type=lambda text: [int(b) for b in text.split(",") if b], default=[16, 32, 64])
+    parser.add_argument("--budgets", type=int_list, default=[16, 32, 64])
     parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", required=True, help="output path without extension")
@@ -108,16 +94,16 @@ def main(argv: Optional[list[str]] = None) -> None:
             rows += chosen[: args.num_prompts] if args.num_prompts else chosen
         prompts = tokenized_prompts(rows, args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(args.device).eval()
-    answers = greedy_answers(target, [p["input_ids"] for p in prompts], args.max_new_tokens,
-                             AutoTokenizer.from_pretrained(args.target).eos_token_id)  # fmt: skip
+    # The trainer's own greedy self-distillation: prompt + answer, ending at the end-of-sequence token.
+    answers = self_distill_hf(target, AutoTokenizer.from_pretrained(args.target), [p["input_ids"] for p in prompts],
+                              [False] * len(prompts), args.max_new_tokens, batch_size=8)  # fmt: skip
     with open(Path(args.target) / "config.json") as f:
         target_config = json.load(f)
     results = []
     for folder in args.drafter:
         drafter, mask_token_id = load_drafter(folder, target_config, args.device)
         for dataset in args.datasets:
-            sequences = [(p["input_ids"] + answer, len(p["input_ids"])) for p, answer in zip(prompts, answers)
-                         if p["dataset"] == dataset]  # fmt: skip
+            sequences = [(a.ids, a.answer_start) for p, a in zip(prompts, answers) if p["dataset"] == dataset]
             steps = greedy_acceptance(drafter, target, sequences, mask_token_id, args.budgets)
             results.append({"drafter": folder, "dataset": dataset, "paths": len(sequences),
                             "greedy_tokens": sum(a + 1 for a in steps["dflash"]),

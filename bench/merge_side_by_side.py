@@ -27,11 +27,13 @@ def merge(parts: list[Path], out: Path) -> dict:
     with ``parts`` listing each part's folder, commit, GPU and datasets."""
     records, ar_top2, commands, step_profiles, part_metas = [], {}, {}, [], []
     owner: dict[str, Path] = {}
+    first_meta = None
     for part in parts:
         path = part / "side_by_side.json"
         if not path.is_file():
             raise MergeError(f"'{part}' has no side_by_side.json")
         meta = json.loads(path.read_text())["meta"]
+        first_meta = first_meta or meta
         part_records, part_top2, part_commands, part_profiles = resumed(part)
         datasets = sorted({r.dataset for r in part_records})
         for dataset in datasets:
@@ -43,9 +45,7 @@ def merge(parts: list[Path], out: Path) -> dict:
         commands.update(part_commands)
         step_profiles += part_profiles
         part_metas.append({"dir": str(part), "commit": meta.get("commit"), "gpu": meta.get("gpu"), "datasets": datasets})
-    first = json.loads((parts[0] / "side_by_side.json").read_text())["meta"]
-    meta = {**first, "commands": commands, "parts": part_metas}
-    return write_report(out, meta, records, ar_top2, step_profiles)
+    return write_report(out, {**first_meta, "commands": commands, "parts": part_metas}, records, ar_top2, step_profiles)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from sglang_ddtree.cli import OneLineArgumentParser
+from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server
 
@@ -370,10 +370,6 @@ def refused_configuration(configs: dict[str, list[str]], shared: list[str]) -> O
     return None
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Own options, and the shared SGLang server flags after ``--``."""
     own, shared = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -381,8 +377,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--draft-model-path")
     parser.add_argument("--algos", type=lambda s: s.split(","), default=list(ALGORITHMS))
-    parser.add_argument("--budgets", type=_ints, default=[32], help="DDTree budgets (one configuration each)")
-    parser.add_argument("--concurrency", type=_ints, default=[1, 4, 16])
+    parser.add_argument("--budgets", type=int_list, default=[32], help="DDTree budgets (one configuration each)")
+    parser.add_argument("--concurrency", type=int_list, default=[1, 4, 16])
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
     parser.add_argument("--num-prompts", type=int, default=0, help="per dataset (0: all)")

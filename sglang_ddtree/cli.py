@@ -12,3 +12,11 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers, e.g. ``16,32,64``."""
+    try:
+        return [int(item) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sglang_ddtree.cli import OneLineArgumentParser
+from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
 from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape, block_logits, target_forward
 
@@ -379,7 +379,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")
     parser.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=1")
     parser.add_argument("--held-out-fraction", type=float, default=0.05)
-    parser.add_argument("--eval-budgets", type=lambda text: [int(b) for b in text.split(",") if b], default=[16, 32, 64],
+    parser.add_argument("--eval-budgets", type=int_list, default=[16, 32, 64],
                         help="DDTree budgets whose held-out greedy tau is reported beside DFLASH's")  # fmt: skip
     parser.add_argument("--num-layers", type=int, default=1, help="drafter decoder layers")
     parser.add_argument("--num-features", type=int, default=3, help="target layers feeding the drafter")

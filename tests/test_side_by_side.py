@@ -118,6 +118,7 @@ def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the
         (["--algos", "ar,beam"], "unknown algorithm(s) beam; choose from ar, mtp, dflash, ddtree"),
         (["--algos", "ddtree"], "dflash and ddtree need --draft-model-path"),
         (["--algos", "ar", "--concurrency", "0"], "--concurrency and --budgets take positive integers"),
+        (["--algos", "ar", "--budgets", "16,x"], "argument --budgets: '16,x' is not a comma-separated list of integers"),
         (["--algos", "ar", "--url", "http://127.0.0.1:30000"], "--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'"),
     ],
 )
