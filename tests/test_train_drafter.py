@@ -17,7 +17,9 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from sglang_ddtree.train_drafter import DistilledAnswer, learning_rate_scale, split_by_prompt, training_progress
+from sglang_ddtree.train_drafter import (DistilledAnswer, TrainDrafterError, TrainingPrompt, encode_prompts,
+                                         learning_rate_scale, load_prompts, repeat_answers, split_by_prompt,
+                                         training_progress)
 from support import CPU_ENGINE_ARGS, run_engine_generate
 from tiny_models import EOS_TOKEN_ID, MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
 
@@ -191,6 +193,32 @@ def test_the_held_out_split_keeps_every_answer_to_a_prompt_on_one_side():
     assert sorted(a.ids for a in held_out) == [[1, 1, 8, 8], [1, 1, 9, 0], [2, 2, 8, 8], [2, 2, 9, 1]]
     assert len(training) == 10 and not {a.ids[0] for a in training} & {1, 2}
     assert len(split_by_prompt(first_file[:3], held_out_fraction=0.05)[0]) == 1  # at least one prompt
+
+
+def test_pool_rows_say_whether_the_prompt_goes_through_the_chat_template(trained, tmp_path):
+    """Chat rows are encoded as the server's chat path sends them, raw rows (code completion, HumanEval's form)
+    as they are; a row with another format is refused by line."""
+    from transformers import AutoTokenizer
+
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text('{"prompt": "t7 t8"}\n{"prompt": "t7 t8", "format": "raw"}\n{"prompt": "t9", "format": "chat"}\n')
+    prompts = load_prompts(str(pool))
+    assert prompts == [TrainingPrompt("t7 t8"), TrainingPrompt("t7 t8", chat=False), TrainingPrompt("t9")]
+    tokenizer = AutoTokenizer.from_pretrained(trained["target"])
+    template_generation_prompt = tokenizer.convert_tokens_to_ids("t5")
+    chat, raw, _ = encode_prompts(tokenizer, prompts)
+    assert chat == [7, 8, template_generation_prompt]
+    assert raw == tokenizer("t7 t8")["input_ids"] and raw[-2:] == [7, 8]
+    pool.write_text('{"prompt": "t7"}\n{"prompt": "t8", "format": "markdown"}\n')
+    with pytest.raises(TrainDrafterError, match="line 2: 'prompt' must be text and 'format' chat or raw"):
+        load_prompts(str(pool))
+
+
+def test_more_answers_per_prompt_are_samples():
+    prompt_ids, sampled = repeat_answers([[1], [2]], [False, True], answers_per_prompt=3)
+    assert prompt_ids == [[1], [2], [1], [2], [1], [2]]
+    assert sampled == [False, True, True, True, True, True]
+    assert repeat_answers([[1]], [False], answers_per_prompt=1) == ([[1]], [False])
 
 
 def test_bad_arguments_fail_with_one_line(tmp_path):
