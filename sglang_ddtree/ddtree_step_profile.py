@@ -21,9 +21,9 @@ import torch
 
 PROFILE_STEPS_ENV = "SGLANG_DDTREE_PROFILE_STEPS"
 PHASES = (
-    "draft",  # the drafter's block forward
-    "candidates",  # LM head over the masked positions, per-depth top-K (TP: all-gather and merge)
-    "tree",  # best-first tree build, verify tensors and mask
+    "draft",  # the drafter's block forward (a graph replay also runs the head)
+    "head",  # the draft head when the drafter ran eagerly: LM head, per-depth top-K, tree expansion
+    "verify_tensors",  # the tree's verify tensors and mask
     "verify",  # target forward over the tree (CUDA graph when captured), acceptance, KV compaction
     "draft_kv",  # committed tokens' target features into the draft KV cache
 )

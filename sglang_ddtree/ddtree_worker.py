@@ -3,10 +3,12 @@
 Per decode step, for a batch of requests with independent trees:
 
 1. Draft: the DFlash drafter runs the block ``[bonus, MASK x (block-1)]`` of every request (DFlash's draft
-   KV cache, block preparation kernel and draft model runner, reused from ``DFlashWorkerV2``).
-2. Tree: the drafter's logits at the block-1 masked positions (target LM head; under TP each rank's
-   vocabulary shard, merged across ranks) go through the Triton tree kernels (per-depth top-K, best-first
-   expansion under the node budget, verify tensors and the FULL tree mask).
+   KV cache, block preparation kernel and draft model runner, reused from ``DFlashWorkerV2``), and its
+   head (``ddtree_draft_head``: target LM head at the block-1 masked positions, under TP each rank's
+   vocabulary shard merged across ranks, per-depth top-K, best-first expansion under the node budget) runs
+   in the same CUDA graph when the batch replays one.
+2. Tree: the verify tensors and the FULL tree mask of the expanded trees (they depend on the sequence
+   lengths, so they stay outside the graph).
 3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
    tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
    accepted nodes' KV to the front and commits the recurrent state of hybrid models.
@@ -29,6 +31,7 @@ from sglang.srt.distributed import get_tp_group
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.runtime_context import get_exec
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
@@ -36,12 +39,12 @@ from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
-from sglang_ddtree.kernels.tree_topk import local_topk_payload, merge_topk_payloads, topk_logprobs
-from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree_from_topk
+from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +76,23 @@ class DDTreeWorker(DFlashWorkerV2):
         self.candidates_per_depth = min(self.budget, self.vocab_size)
         self._lm_head_shard = _lm_head_vocab_shard(self.target_worker.model_runner.model.lm_head)
         self._check_tp_trees = tp_tree_check_requested()
+        # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
+        self._draft_head = self._make_draft_head(max_bs=0)
 
-    def _maybe_build_draft_sampler(self):
-        """No greedy head in the draft graph: the tree needs the drafter's hidden states, not its argmax."""
-        return None
+    def _maybe_build_draft_sampler(self) -> DDTreeDraftHead:
+        """Called before the draft graphs are captured: DFlash folds the returned callable into their tail
+        (a greedy argmax upstream); DDTree folds its head, with output buffers for the largest graph."""
+        self._draft_head = self._make_draft_head(max_bs=max(get_exec().graph.cuda_graph_config.decode.bs))
+        return self._draft_head
+
+    def _make_draft_head(self, max_bs: int) -> DDTreeDraftHead:
+        lm_head = self.target_worker.model_runner.model.lm_head
+        vocab_start, vocab_count = self._lm_head_shard or (0, self.vocab_size)
+        return DDTreeDraftHead(
+            lm_head.weight, vocab_count, vocab_start, int(self.block_size), self.budget,
+            topk=self.candidates_per_depth, max_bs=max_bs,
+            tp_group=get_tp_group() if self._lm_head_shard is not None else None,
+        )  # fmt: skip
 
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
@@ -95,14 +111,15 @@ class DDTreeWorker(DFlashWorkerV2):
 
         timer = STEP_PROFILE.start(self.device)
         prefix_lens = batch.seq_lens
-        draft_hidden = self._draft_block(batch, draft_input)
+        draft_out = self._draft_block(batch, draft_input)
         timer.mark()
-        top_logprobs, top_tokens = self._draft_candidates(draft_hidden[:, 1:, :])
+        if self._draft_sampler is not None and draft_out.can_run_graph:
+            drafted = self._draft_head.tree(len(prefix_lens))  # written by the draft graph's replay
+        else:
+            drafted = self._draft_head(draft_out.logits_output.hidden_states)
         timer.mark()
-        tree = build_ddtree_from_topk(
-            top_logprobs,
-            top_tokens,
-            self.budget,
+        tree = ddtree_from_expansion(
+            **vars(drafted),
             root_tokens=draft_input.bonus_tokens,
             seq_lens=prefix_lens,
             seq_lens_sum=self._seq_lens_upper_bound(batch, draft_input),
@@ -152,8 +169,9 @@ class DDTreeWorker(DFlashWorkerV2):
             read_done.record()
             self.war_fastpath_runner.war_fastpath_read_done_event = read_done
 
-    def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:
-        """Run the drafter on ``[bonus, MASK...]`` per request; returns its hidden states ``[bs, block, H]``."""
+    def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2):
+        """Run the drafter on ``[bonus, MASK...]`` per request; returns the draft runner's output (hidden states
+        ``[bs * block, H]``; ``can_run_graph`` when the replayed graph also ran the head)."""
         bs, block_size = len(batch.seq_lens), int(self.block_size)
         self._ensure_draft_block_buffers(bs)
         block_ids = self._draft_block_ids_buf[:bs]
@@ -189,27 +207,7 @@ class DDTreeWorker(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
         with torch.inference_mode():
-            hidden = self.draft_model_runner.forward(forward_batch).logits_output.hidden_states
-        return hidden.view(bs, block_size, -1)
-
-    def _draft_candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-depth top-K log-probs and tokens ``[bs, L, K]`` of the drafter's masked positions, over the
-        target's whole vocabulary through its LM head.
-
-        Under tensor parallelism each rank holds a vocabulary shard of the LM head: it contributes its local
-        top-K and log-sum-exp, the payloads are all-gathered in rank order and merged with deterministic
-        ties, so every rank builds the bit-identical tree (the tree mask, KV moves and acceptance of each
-        rank must agree).
-        """
-        weight = self.target_worker.model_runner.model.lm_head.weight
-        if self._lm_head_shard is None:
-            logits = torch.matmul(hidden.to(weight.dtype), weight[: self.vocab_size].t())
-            return topk_logprobs(logits, self.candidates_per_depth)
-        vocab_start, vocab_count = self._lm_head_shard
-        logits = torch.matmul(hidden.to(weight.dtype), weight[:vocab_count].t())
-        payload = local_topk_payload(logits, self.candidates_per_depth, vocab_start)
-        gathered = get_tp_group().all_gather(payload.unsqueeze(0), dim=0)  # [ranks, bs, L, K + 1] in rank order
-        return merge_topk_payloads(gathered.contiguous(), self.candidates_per_depth)
+            return self.draft_model_runner.forward(forward_batch)
 
     @staticmethod
     def _host_seq_lens(batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:

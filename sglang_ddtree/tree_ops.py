@@ -81,6 +81,34 @@ def _verify_fields(tensors) -> dict:
     return {f.name: getattr(tensors, f.name) for f in fields(VerifyTensors)}
 
 
+def ddtree_from_expansion(
+    top_logprobs: torch.Tensor,
+    top_tokens: torch.Tensor,
+    parent: torch.Tensor,
+    token: torch.Tensor,
+    depth: torch.Tensor,
+    path_logprob: torch.Tensor,
+    root_tokens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    seq_lens_sum: Optional[int] = None,
+) -> DDTreeTensors:
+    """The verify tensors of an already expanded tree (``build_tree``'s outputs, e.g. written by the draft
+    graph's head): the part of the build that depends on the sequence lengths."""
+    verify = build_verify_tensors(
+        parent, token, depth, root_tokens, seq_lens, top_logprobs.shape[1], seq_lens_sum=seq_lens_sum
+    )
+    return DDTreeTensors(
+        top_logprobs=top_logprobs,
+        top_tokens=top_tokens,
+        parent=parent,
+        token=token,
+        depth=depth,
+        path_logprob=path_logprob,
+        **_verify_fields(verify),
+    )
+
+
 def build_ddtree_from_topk(
     top_logprobs: torch.Tensor,
     top_tokens: torch.Tensor,
@@ -100,18 +128,10 @@ def build_ddtree_from_topk(
     depth_limit = top_logprobs.shape[1]
     if out is None:
         parent, token, depth, path_logprob = build_tree(top_logprobs, top_tokens, budget)
-        verify = build_verify_tensors(
-            parent, token, depth, root_tokens, seq_lens, depth_limit, seq_lens_sum=seq_lens_sum
-        )
-        return DDTreeTensors(
-            top_logprobs=top_logprobs,
-            top_tokens=top_tokens,
-            parent=parent,
-            token=token,
-            depth=depth,
-            path_logprob=path_logprob,
-            **_verify_fields(verify),
-        )
+        return ddtree_from_expansion(
+            top_logprobs, top_tokens, parent, token, depth, path_logprob, root_tokens, seq_lens,
+            seq_lens_sum=seq_lens_sum,
+        )  # fmt: skip
     build_tree(top_logprobs, top_tokens, budget, out=(out.parent, out.token, out.depth, out.path_logprob))
     build_verify_tensors(
         out.parent, out.token, out.depth, root_tokens, seq_lens, depth_limit,
@@ -160,4 +180,4 @@ def build_ddtree(
     )
 
 
-__all__ = ["DDTreeTensors", "build_ddtree", "build_ddtree_from_topk", "full_mask_numel"]
+__all__ = ["DDTreeTensors", "build_ddtree", "build_ddtree_from_topk", "ddtree_from_expansion", "full_mask_numel"]

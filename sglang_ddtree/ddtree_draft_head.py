@@ -1,0 +1,101 @@
+"""The drafter-to-tree tail of the DDTree step, folded into the drafter's CUDA graph.
+
+From the drafter's hidden states at the block's masked positions: the target's LM head, the per-depth top-K
+log-probabilities (under tensor parallelism each rank's vocabulary shard, all-gathered and merged) and the
+best-first tree expansion under the node budget. All of it has static shapes per batch size and no host
+synchronisation, so :class:`DDTreeDraftHead` is registered as a capture tail hook of the draft model runner,
+as upstream DFlash folds its greedy head: the draft graph's replay then writes the tree into static buffers
+that the worker reads. A batch that runs the drafter eagerly calls the head eagerly, with the same buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang_ddtree.kernels.tree_build import build_tree
+from sglang_ddtree.kernels.tree_topk import local_topk_payload, merge_topk_payloads, topk_logprobs
+
+
+@dataclass
+class DraftTree:
+    """One batch's per-depth candidates and expanded tree, ``[bs, ...]`` views of the head's buffers."""
+
+    top_logprobs: torch.Tensor  # [bs, L, K] float32
+    top_tokens: torch.Tensor  # [bs, L, K] int64
+    parent: torch.Tensor  # [bs, B] int32
+    token: torch.Tensor  # [bs, B] int64
+    depth: torch.Tensor  # [bs, B] int32
+    path_logprob: torch.Tensor  # [bs, B] float32
+
+
+class DDTreeDraftHead:
+    """Writes each batch's :class:`DraftTree` into buffers sized for ``max_bs`` requests (the largest
+    captured batch); a larger eager batch gets fresh tensors.
+
+    Args:
+        lm_head_weight: the target's LM head rows (this rank's shard under TP).
+        vocab_count: rows of ``lm_head_weight`` that are real tokens (the rest is padding).
+        vocab_start: global id of this rank's first token (0 without TP).
+        block_size: the drafter's block (anchor + ``block_size - 1`` masked positions = tree depths).
+        budget: tree nodes per request, root excluded.
+        topk: candidates per depth.
+        tp_group: SGLang's TP group coordinator when the vocabulary is sharded, else None.
+    """
+
+    def __init__(
+        self,
+        lm_head_weight: torch.Tensor,
+        vocab_count: int,
+        vocab_start: int,
+        block_size: int,
+        budget: int,
+        topk: int,
+        max_bs: int,
+        tp_group=None,
+    ) -> None:
+        self.weight = lm_head_weight
+        self.vocab_count, self.vocab_start = int(vocab_count), int(vocab_start)
+        self.block_size, self.budget, self.topk = int(block_size), int(budget), int(topk)
+        self.max_bs = int(max_bs)
+        self.tp_group = tp_group
+        # Only the outputs need fixed addresses (the worker reads them after a replay); intermediates allocated
+        # during capture live in the graph's memory pool.
+        self._buffers = self._allocate(max(self.max_bs, 1), lm_head_weight.device)
+
+    def _allocate(self, bs: int, device: torch.device) -> DraftTree:
+        candidates, nodes = (bs, self.block_size - 1, self.topk), (bs, self.budget)
+        return DraftTree(
+            top_logprobs=torch.empty(candidates, dtype=torch.float32, device=device),
+            top_tokens=torch.empty(candidates, dtype=torch.int64, device=device),
+            parent=torch.empty(nodes, dtype=torch.int32, device=device),
+            token=torch.empty(nodes, dtype=torch.int64, device=device),
+            depth=torch.empty(nodes, dtype=torch.int32, device=device),
+            path_logprob=torch.empty(nodes, dtype=torch.float32, device=device),
+        )
+
+    def tree(self, bs: int) -> DraftTree:
+        """The buffers of a ``bs``-request batch (valid after the head ran for it: graph replay or call)."""
+        return DraftTree(**{name: buffer[:bs] for name, buffer in vars(self._buffers).items()})
+
+    def __call__(self, hidden_states: torch.Tensor, input_ids: Optional[torch.Tensor] = None) -> DraftTree:
+        """``hidden_states [bs * block_size, H]`` of the drafter -> the batch's tree (``input_ids`` unused:
+        the signature of a capture tail hook)."""
+        bs = hidden_states.shape[0] // self.block_size
+        hidden = hidden_states.view(bs, self.block_size, -1)[:, 1:, :]
+        logits = torch.matmul(hidden.to(self.weight.dtype), self.weight[: self.vocab_count].t())
+        out = self.tree(bs) if bs <= self.max_bs else self._allocate(bs, hidden.device)
+        if self.tp_group is None:
+            topk_logprobs(logits, self.topk, out_logprobs=out.top_logprobs, out_tokens=out.top_tokens)
+        else:
+            # This rank's top-K and log-sum-exp, all-gathered in rank order and merged with deterministic
+            # ties: every rank writes the bit-identical tree.
+            payload = local_topk_payload(logits, self.topk, self.vocab_start)
+            gathered = self.tp_group.all_gather(payload.unsqueeze(0), dim=0)  # [ranks, bs, L, K + 1]
+            merge_topk_payloads(gathered.contiguous(), self.topk, out_logprobs=out.top_logprobs,
+                                out_tokens=out.top_tokens)  # fmt: skip
+        build_tree(out.top_logprobs, out.top_tokens, self.budget,
+                   out=(out.parent, out.token, out.depth, out.path_logprob))  # fmt: skip
+        return out
