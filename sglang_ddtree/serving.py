@@ -28,6 +28,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+PATH_FLAGS = ("--model-path", "--draft-model-path", "--speculative-draft-model-path", "--tokenizer-path")
+
+
+def absolute_local_paths(args: list[str]) -> list[str]:
+    """``args`` with the local paths of :data:`PATH_FLAGS` made absolute: the child runs in another folder, so a
+    path relative to the caller's would name nothing there (hub ids, not local paths, are kept as they are)."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        flag, equals, value = arg.partition("=")
+        if flag in PATH_FLAGS and equals and os.path.exists(value):
+            out[i] = f"{flag}={os.path.abspath(value)}"
+        elif arg in PATH_FLAGS and i + 1 < len(out) and os.path.exists(out[i + 1]):
+            out[i + 1] = os.path.abspath(out[i + 1])
+    return out
+
+
 def default_log_path(port: int) -> str:
     return os.path.join(os.environ.get("TMPDIR", "/tmp"), f"sglang_ddtree_server_{port}.log")
 
@@ -44,12 +60,13 @@ def launched_server(
     """Start ``python -m sglang_ddtree.launch ARGS --port PORT`` and yield its base URL once it is healthy.
 
     The child runs outside the checkout: there, ``python -m`` would import this package from its sources, where
-    the top-level kernels/ folder is not yet ``sglang_ddtree.kernels`` (an install maps it).
+    the top-level kernels/ folder is not yet ``sglang_ddtree.kernels`` (an install maps it). Model and drafter
+    paths relative to the caller's folder are passed on as absolute paths.
     """
     port = free_port() if port is None else port
     with open(log_path or default_log_path(port), "w+") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_ddtree.launch", *args, "--port", str(port)],
+            [sys.executable, "-m", "sglang_ddtree.launch", *absolute_local_paths(args), "--port", str(port)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

@@ -7,7 +7,7 @@ import pytest
 
 import sglang_ddtree
 from sglang_ddtree.ddtree_step_profile import PHASES
-from sglang_ddtree.serving import default_log_path, free_port, launched_server
+from sglang_ddtree.serving import absolute_local_paths, default_log_path, free_port, launched_server
 from support import http_json
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
@@ -22,9 +22,11 @@ CPU_SERVER_FLAGS = [
 ]  # fmt: skip
 
 
-def test_tiny_model_answers_generate_and_chat_and_reports_the_plugin(tmp_path):
-    model = make_qwen3_target(str(tmp_path / "qwen3"), TinyShape())
-    with launched_server(["--algo", "ar", "--model-path", model, *CPU_SERVER_FLAGS], free_port()) as url:
+def test_tiny_model_answers_generate_and_chat_and_reports_the_plugin(tmp_path, monkeypatch):
+    """Also: a model path relative to the caller's folder reaches the server, which runs in another folder."""
+    make_qwen3_target(str(tmp_path / "qwen3"), TinyShape())
+    monkeypatch.chdir(tmp_path)
+    with launched_server(["--algo", "ar", "--model-path", "qwen3", *CPU_SERVER_FLAGS], free_port()) as url:
         by_ids = http_json(
             url + "/generate",
             {"input_ids": [5, 6, 7, 8], "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}},
@@ -49,6 +51,13 @@ def test_tiny_model_answers_generate_and_chat_and_reports_the_plugin(tmp_path):
 
         info = http_json(url + "/server_info")
         assert info["internal_states"][0]["sglang_ddtree_version"] == sglang_ddtree.__version__
+
+
+def test_local_paths_are_passed_on_as_absolute_paths_and_hub_ids_as_they_are(tmp_path, monkeypatch):
+    (tmp_path / "drafter").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert absolute_local_paths(["--model-path", "org/hub-model", "--draft-model-path=drafter", "--budget", "8"]) == [
+        "--model-path", "org/hub-model", f"--draft-model-path={tmp_path / 'drafter'}", "--budget", "8"]
 
 
 def test_embedded_demo_model_serves_real_text(tmp_path):
