@@ -127,7 +127,8 @@ def choose_sampled(count: int, sampled_fraction: float, seed: int) -> list[bool]
     return [rng.random() < sampled_fraction for _ in range(count)]
 
 
-def repeat_answers(prompt_ids: list[list[int]], sampled: list[bool], answers_per_prompt: int):
+def repeat_answers(prompt_ids: list[list[int]], sampled: list[bool],
+                   answers_per_prompt: int) -> tuple[list[list[int]], list[bool]]:
     """Every prompt ``answers_per_prompt`` times: its first answer as ``sampled`` says, the others sampled
     (a second greedy answer would repeat the first)."""
     extra = answers_per_prompt - 1
