@@ -10,7 +10,8 @@ runner keeps DFlash's dummies (its block is causal).
 
 :func:`compare_graph_verify_with_eager` is a debug check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``): each tree
 verify that replays a graph is run again eagerly and the target logits are compared. It doubles the verify
-cost, so it is only registered when asked for; the tests read its tally from ``/server_info``.
+cost (and on hybrid targets copies their whole recurrent-state pool three times per verify), so it is only
+registered when asked for; the tests read its tally from ``/server_info``.
 """
 
 from __future__ import annotations
@@ -132,21 +133,51 @@ def compare_graph_verify_with_eager(
 ):
     """AROUND ``DecodeCudaGraphRunner.execute``: re-run each DDTREE tree verify eagerly and compare logits.
 
-    The eager pass writes the same nodes' KV to the same slots, so the step's outcome is unchanged; the
-    graph's output is returned.
+    The eager pass writes the same nodes' KV to the same slots. A hybrid (GDN) target's verify also moves the
+    requests' recurrent state (conv windows are shifted in place, node states written): the eager pass starts
+    from the state the replay started from, and the replay's state is put back after it, so the step's outcome
+    is the graph's; the graph's output is returned.
     """
-    output = original(graph_runner, forward_batch, *args, **kwargs)
     runner = graph_runner.model_runner
     if not (
         forward_batch.forward_mode.is_target_verify()
         and _is_ddtree_target(runner.spec_algorithm, runner.is_draft_worker)
     ):
-        return output
+        return original(graph_runner, forward_batch, *args, **kwargs)
+    state_before = _recurrent_state_copy(runner)
+    output = original(graph_runner, forward_batch, *args, **kwargs)
     graph_logits = output.next_token_logits.clone()
+    state_after = _recurrent_state_copy(runner)
+    _restore_recurrent_state(runner, state_before)
     runner.attn_backend.init_forward_metadata(forward_batch)
     eager_output = runner.eager_runner.execute(forward_batch)
     GRAPH_VERIFY_CHECK.record(graph_logits, eager_output.next_token_logits)
+    _restore_recurrent_state(runner, state_after)
     return output
+
+
+def _recurrent_state_tensors(runner) -> list[torch.Tensor]:
+    """Every tensor of a hybrid target's recurrent-state pool (none for attention-only models)."""
+    import torch
+
+    mamba_pool = getattr(runner.req_to_token_pool, "mamba_pool", None)
+    if mamba_pool is None:
+        return []
+    tensors = []
+    for value in vars(mamba_pool.mamba_cache).values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, torch.Tensor):
+                tensors.append(item)
+    return tensors
+
+
+def _recurrent_state_copy(runner) -> list[torch.Tensor]:
+    return [tensor.clone() for tensor in _recurrent_state_tensors(runner)]
+
+
+def _restore_recurrent_state(runner, copies: list[torch.Tensor]) -> None:
+    for tensor, copy in zip(_recurrent_state_tensors(runner), copies):
+        tensor.copy_(copy)
 
 
 def graph_verify_check_report() -> Optional[dict]:

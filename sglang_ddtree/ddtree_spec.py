@@ -24,17 +24,22 @@ logger = logging.getLogger(__name__)
 TREE_MODE_TOPK = 2
 
 
-def _check_drafter_matches_target(server_args: ServerArgs) -> None:
+def _check_drafter_fits_target(server_args: ServerArgs) -> None:
     """Refuse, before any process starts, a drafter whose hidden size, vocabulary, target layers or mask
-    token do not fit the target (the error names the field)."""
+    token do not fit the target (the error names the field); load it in the target's dtype."""
     from sglang_ddtree import model_configs
 
     drafter_path = server_args.speculative_draft_model_path
-    model_configs.check_dflash_drafter_matches_target(
-        model_configs.load_config(server_args.model_path),
-        model_configs.load_config(drafter_path, role="drafter"),
-        drafter_path,
-    )
+    target_config = model_configs.load_config(server_args.model_path)
+    drafter_config = model_configs.load_config(drafter_path, role="drafter")
+    model_configs.check_dflash_drafter_matches_target(target_config, drafter_config, drafter_path)
+    if server_args.dtype == "auto":
+        # auto resolves each checkpoint from its own config: a float32 drafter would be loaded in float16
+        # beside a bfloat16 target and fail on the first request.
+        target_dtype = model_configs.auto_dtype(target_config)
+        if model_configs.auto_dtype(drafter_config) != target_dtype:
+            logger.warning("DDTREE: --dtype auto differs for target and drafter; loading both in %s", target_dtype)
+            server_args.dtype = target_dtype
 
 
 class DDTreeSpecAlgo(CustomSpecAlgo):
@@ -86,7 +91,7 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         server_args.speculative_num_steps = None
         server_args.speculative_eagle_topk = None
         speculative_hook._handle_dflash(server_args)
-        _check_drafter_matches_target(server_args)
+        _check_drafter_fits_target(server_args)
         block_size = int(server_args.speculative_num_draft_tokens)
         if 2 * tree_width < block_size:
             # The drafter writes its block into the KV slots that DFlash's per-step reservation

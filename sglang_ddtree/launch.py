@@ -12,13 +12,16 @@ exit code 2, before anything heavy is imported.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Optional
 
-from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET, model_configs
+from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET, hybrid_targets, model_configs
 from sglang_ddtree.model_configs import ModelConfigError
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -29,6 +32,16 @@ MTP_PRESET = (
     "--speculative-eagle-topk", "1",
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
+
+# SGLang 0.5.17's DFlash handling resets an unset --max-running-requests to this (speculative_hook._handle_dflash).
+SGLANG_DFLASH_MAX_RUNNING_REQUESTS = 48
+# What the launcher assumes of SGLang's automatic --mem-fraction-static (an estimate, for the check below).
+ASSUMED_MEM_FRACTION_STATIC = 0.85
+# The Qwen hybrids among SGLang 0.5.17's architectures whose prefix cache keeps GDN states with the extra_buffer
+# strategy (arg_groups/overrides.py); the only strategy that runs with overlap scheduling.
+MAMBA_EXTRA_BUFFER_ARCHS = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM"}
+DEFAULT_MAMBA_TRACK_INTERVAL = 256
+GIB = 1 << 30
 
 # SGLang flags that the launcher owns: passing them through would silently fight the launcher's own.
 _OWNED_FLAGS = {
@@ -115,21 +128,41 @@ def _mtp_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     return list(MTP_PRESET)
 
 
-def _checked_drafter_block_size(request: LaunchRequest, target_config: dict) -> int:
-    """The DFlash drafter's block size, once the drafter is known to fit this target and TP size."""
+def _checked_drafter(request: LaunchRequest, target_config: dict) -> tuple[int, list[str]]:
+    """The DFlash drafter's block size and the flags that load it like the target, once the drafter is known
+    to fit this target and TP size."""
     drafter_config = model_configs.load_config(request.draft_model_path, role="drafter")
     block_size = model_configs.dflash_block_size(drafter_config, request.draft_model_path)
     model_configs.check_dflash_drafter_matches_target(target_config, drafter_config, request.draft_model_path)
     model_configs.check_tensor_parallel_size(drafter_config, request.tp, request.draft_model_path)
-    return block_size
+    return block_size, _drafter_dtype_flags(request, target_config, drafter_config)
+
+
+def _drafter_dtype_flags(request: LaunchRequest, target_config: dict, drafter_config: dict) -> list[str]:
+    """``--dtype`` of the target when ``auto`` would load the drafter in another dtype.
+
+    SGLang resolves ``--dtype auto`` for each checkpoint from its own config, so a drafter saved in float32 is
+    loaded in float16 beside a bfloat16 target, and the drafter's first matmul on the target's features fails
+    on the first request. An explicit ``--dtype`` applies to both."""
+    if _passes(request, "--dtype"):
+        return []
+    target_dtype = model_configs.auto_dtype(target_config)
+    if model_configs.auto_dtype(drafter_config) == target_dtype:
+        return []
+    return ["--dtype", target_dtype]
+
+
+def _passes(request: LaunchRequest, flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in request.passthrough)
 
 
 def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
-    block_size = _checked_drafter_block_size(request, target_config)
+    block_size, dtype_flags = _checked_drafter(request, target_config)
     return [
         "--speculative-algorithm", "DFLASH",
         "--speculative-draft-model-path", request.draft_model_path,
         "--speculative-num-draft-tokens", str(block_size),
+        *dtype_flags,
     ]  # fmt: skip
 
 
@@ -137,7 +170,7 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     budget = DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
     if budget < 1:
         raise LaunchError(f"--budget must be at least 1 tree node, got {budget}")
-    block_size = _checked_drafter_block_size(request, target_config)
+    block_size, dtype_flags = _checked_drafter(request, target_config)
     if 2 * (budget + 1) < block_size:
         raise LaunchError(
             f"--budget {budget} is too small for the drafter's block size {block_size}: "
@@ -148,6 +181,7 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
         "--speculative-draft-model-path", request.draft_model_path,
         "--speculative-num-draft-tokens", str(budget + 1),
         "--speculative-dflash-block-size", str(block_size),
+        *dtype_flags,
     ]  # fmt: skip
 
 
@@ -171,7 +205,10 @@ def resolve_server_argv(request: LaunchRequest, model_path: str) -> list[str]:
     request = LaunchRequest(**{**request.__dict__, "model_path": model_path})
     target_config = model_configs.load_config(model_path)
     model_configs.check_tensor_parallel_size(target_config, request.tp, model_path)
+    _check_hybrid_dtype(request, target_config)
     algorithm_flags = _ALGORITHM_FLAGS[request.algo](request, target_config)
+    if request.algo != "ar":
+        algorithm_flags += _hybrid_target_flags(request, target_config, algorithm_flags)
     return [
         "--model-path", model_path,
         "--tp-size", str(request.tp),
@@ -179,6 +216,149 @@ def resolve_server_argv(request: LaunchRequest, model_path: str) -> list[str]:
         *algorithm_flags,
         *request.passthrough,
     ]  # fmt: skip
+
+
+def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    """The last value given to ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), else None."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def _check_hybrid_dtype(request: LaunchRequest, target_config: dict) -> None:
+    """SGLang 0.5.17 keeps GDN conv states in ``SGLANG_MAMBA_CONV_DTYPE`` (bfloat16 unless set) whatever the model's
+    dtype, and its conv kernels refuse activations of another dtype at start-up; ``--dtype auto`` gives a float32
+    config float16."""
+    if not hybrid_targets.is_hybrid_gdn(target_config):
+        return
+    given = _flag_value(request.passthrough, "--dtype")
+    dtype = _DTYPE_ALIASES.get(given, given) if given and given != "auto" else model_configs.auto_dtype(target_config)
+    conv_dtype = hybrid_targets.conv_state_dtype()
+    if dtype != conv_dtype:
+        source = f"--dtype {given}" if given and given != "auto" else "--dtype auto (from the config)"
+        raise LaunchError(
+            f"{source} serves this hybrid target in {dtype}, but SGLang keeps its GDN conv states in {conv_dtype} "
+            f"(SGLANG_MAMBA_CONV_DTYPE) and fails at start-up: pass --dtype {conv_dtype}, or set "
+            f"SGLANG_MAMBA_CONV_DTYPE={dtype}"
+        )
+
+
+def _hybrid_target_flags(request: LaunchRequest, target_config: dict, algorithm_flags: list[str]) -> list[str]:
+    """What speculation on a hybrid (Gated DeltaNet) target needs from the launcher: a prefix-cache strategy that
+    runs with overlap scheduling, and the per-node verify state checked against the GPU before SGLang starts."""
+    ssm_dtype = _flag_value(request.passthrough, "--mamba-ssm-dtype")
+    try:
+        state = hybrid_targets.gdn_state_size(target_config, request.tp, ssm_dtype)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    if state is None:
+        return []
+    width = int(_flag_value([*algorithm_flags, *request.passthrough], "--speculative-num-draft-tokens") or 1)
+    return [*_mamba_cache_flags(request, target_config, width), *_running_requests_flags(request, target_config,
+                                                                                          state, width)]  # fmt: skip
+
+
+def _mamba_cache_flags(request: LaunchRequest, target_config: dict, width: int) -> list[str]:
+    """SGLang picks ``extra_buffer`` under overlap scheduling for the architectures that support it; the
+    launcher says so explicitly and refuses, in one line, what SGLang would refuse with an assertion later."""
+    if _passes(request, "--disable-radix-cache"):
+        return []
+    passthrough = request.passthrough
+    strategy = _flag_value(passthrough, "--mamba-radix-cache-strategy") or _flag_value(
+        passthrough, "--mamba-scheduler-strategy"
+    )
+    overlap = not _passes(request, "--disable-overlap-schedule")
+    if strategy == "no_buffer" and overlap:
+        raise LaunchError(
+            "--mamba-radix-cache-strategy no_buffer does not run with overlap scheduling: "
+            "use extra_buffer, or add --disable-overlap-schedule"
+        )
+    if strategy == "extra_buffer_lazy" and request.algo in ("dflash", "ddtree"):
+        raise LaunchError(f"--mamba-radix-cache-strategy extra_buffer_lazy does not support --algo {request.algo}: "
+                          "use extra_buffer")  # fmt: skip
+    arch = (target_config.get("architectures") or [""])[0]
+    chosen = strategy or ("extra_buffer" if overlap and arch in MAMBA_EXTRA_BUFFER_ARCHS else None)
+    if chosen in ("extra_buffer", "extra_buffer_lazy"):
+        interval = int(_flag_value(passthrough, "--mamba-track-interval") or DEFAULT_MAMBA_TRACK_INTERVAL)
+        if width > interval:
+            raise LaunchError(
+                f"{width} verify tokens per request exceed --mamba-track-interval {interval} (the prefix cache "
+                f"snapshots GDN states every interval tokens): raise it to at least {width}, or lower the budget"
+            )
+    return ["--mamba-radix-cache-strategy", chosen] if chosen and not strategy else []
+
+
+def _running_requests_flags(
+    request: LaunchRequest, target_config: dict, state: hybrid_targets.GdnStateSize, width: int
+) -> list[str]:
+    """Check that the per-node GDN verify state of every running request fits on the GPU; without
+    ``--max-running-requests``, give dflash and ddtree the most requests whose state takes at most half of what
+    the weights leave (SGLang's default of 48 does not fit a large hybrid model)."""
+    if _flag_value(request.passthrough, "--device") not in (None, "cuda"):
+        return []
+    gpu_bytes = _gpu_memory_bytes()
+    weight_bytes = _weight_bytes_per_rank(request, target_config)
+    if gpu_bytes is None or weight_bytes is None:
+        return []  # SGLang checks after loading the weights
+    fraction = float(_flag_value(request.passthrough, "--mem-fraction-static") or ASSUMED_MEM_FRACTION_STATIC)
+    left = gpu_bytes * fraction - weight_bytes
+    fitting = max(r for r in range(SGLANG_DFLASH_MAX_RUNNING_REQUESTS + 1)
+                  if r == 0 or state.verify_scratch_bytes(width, r) <= left / 2)  # fmt: skip
+
+    def refuse(running: int) -> LaunchError:
+        what = f"--budget {width - 1}" if request.algo == "ddtree" else f"--algo {request.algo}"
+        need = state.verify_scratch_bytes(width, running)
+        return LaunchError(
+            f"{what} ({width} verify tokens) with {running} running requests needs {need / GIB:.1f} GiB of GDN "
+            f"verify state per GPU ({state.per_node_bytes / 2**20:.1f} MiB per token and request) but about "
+            f"{max(left, 0) / GIB:.1f} GiB of the GPU's {gpu_bytes / GIB:.1f} GiB is left after "
+            f"{weight_bytes / GIB:.1f} GiB of weights: lower --max-running-requests (at most {fitting} fit) "
+            "or the budget"
+        )
+
+    requested = _flag_value(request.passthrough, "--max-running-requests")
+    if requested is not None:
+        if state.verify_scratch_bytes(width, int(requested)) > left:
+            raise refuse(int(requested))
+        return []
+    if fitting == 0:
+        raise refuse(1)
+    if request.algo == "mtp" or fitting == SGLANG_DFLASH_MAX_RUNNING_REQUESTS:
+        return []
+    return ["--max-running-requests", str(fitting)]
+
+
+def _gpu_memory_bytes() -> Optional[int]:
+    """Memory of the first visible GPU (nvidia-smi), or None on a machine without one."""
+    device = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    try:
+        query = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", device],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        return int(float(query.stdout.split()[0])) << 20 if query.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def _weight_bytes_per_rank(request: LaunchRequest, target_config: dict) -> Optional[int]:
+    """The target's weight files, or its parameter count in the serving dtype for ``--load-format dummy`` and
+    hub ids, split over the TP ranks."""
+    files = glob.glob(os.path.join(request.model_path, "*.safetensors"))
+    if files and _flag_value(request.passthrough, "--load-format") != "dummy":
+        return sum(os.path.getsize(f) for f in files) // request.tp
+    parameters = model_configs.parameter_count(target_config)
+    if parameters is None:
+        return None
+    dtype = _flag_value(request.passthrough, "--dtype") or model_configs.auto_dtype(target_config)
+    return parameters * (4 if dtype == "float32" else 2) // request.tp
 
 
 def with_demo_drafter(request: LaunchRequest) -> LaunchRequest:

@@ -87,6 +87,48 @@ def check_tensor_parallel_size(config: dict[str, Any], tp_size: int, model_path:
         )
 
 
+def auto_dtype(config: dict[str, Any]) -> str:
+    """The dtype SGLang's ``--dtype auto`` gives a checkpoint (``configs/model_config._get_and_verify_dtype``, on
+    its language-model config): the config's own, except that float32 (or none) is loaded as float16, as
+    bfloat16 for Gemma."""
+    cfg = text_config(config)
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+    if dtype != "float32":
+        return str(dtype)
+    return "bfloat16" if str(cfg.get("model_type", "")).startswith("gemma") else "float16"
+
+
+def parameter_count(config: dict[str, Any]) -> int | None:
+    """Parameters of a Qwen-style dense or hybrid (Gated DeltaNet) language model with its MTP layers, from its
+    config alone (vision towers are not counted); None when the config lacks the fields.
+
+    For launch-time memory estimates of checkpoints without weight files (``--load-format dummy``, hub ids):
+    Qwen3.6-27B's config gives 27.3e9, its published size 27.8e9 with the vision tower.
+    """
+    cfg = text_config(config)
+    try:
+        hidden, layers, vocab = int(cfg["hidden_size"]), int(cfg["num_hidden_layers"]), int(cfg["vocab_size"])
+        heads, head_dim = int(cfg["num_attention_heads"]), int(cfg.get("head_dim") or hidden // cfg["num_attention_heads"])
+        kv_heads, intermediate = int(cfg.get("num_key_value_heads", heads)), int(cfg["intermediate_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    query_width = heads * head_dim * (2 if cfg.get("attn_output_gate") else 1)
+    attention = hidden * query_width + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    mlp = 3 * hidden * intermediate
+    from sglang_ddtree.hybrid_targets import gdn_layer_count
+
+    gdn_layers = gdn_layer_count(config) if isinstance(cfg.get("linear_num_value_heads"), int) else 0
+    gdn = 0
+    if gdn_layers:
+        value_heads, key_heads = int(cfg["linear_num_value_heads"]), int(cfg["linear_num_key_heads"])
+        key_dim, value_dim = key_heads * int(cfg["linear_key_head_dim"]), value_heads * int(cfg["linear_value_head_dim"])
+        conv = (2 * key_dim + value_dim) * int(cfg.get("linear_conv_kernel_dim", 4))
+        gdn = hidden * (2 * key_dim + 2 * value_dim) + 2 * hidden * value_heads + conv + value_dim * hidden
+    mtp = num_mtp_layers(config) * (attention + mlp + 2 * hidden * hidden)
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
+    return embeddings + gdn_layers * gdn + (layers - gdn_layers) * attention + layers * mlp + mtp
+
+
 MTP_LAYER_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
 
 

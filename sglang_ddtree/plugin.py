@@ -20,6 +20,9 @@ _SCHEDULER_INTERNAL_STATE = "sglang.srt.managers.scheduler.Scheduler.get_interna
 _EXTEND_FORWARD_KWARGS = "sglang.srt.model_executor.model_runner.ModelRunner._extend_forward_kwargs"
 _GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 _DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verify_input"
+_AUX_HIDDEN_CAPTURE = (
+    "sglang.srt.model_executor.model_runner_components.attention_backend_setup.configure_aux_hidden_state_capture"
+)
 _registered = False
 
 
@@ -67,7 +70,7 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ddtree import ddtree_cuda_graph
+    from sglang_ddtree import ddtree_cuda_graph, hybrid_targets
 
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
     HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
@@ -75,6 +78,9 @@ def register() -> None:
         f"{_GRAPH_RUNNER}.get_spec_info", ddtree_cuda_graph.capture_tree_verify_with_mask, HookType.AROUND
     )
     HookRegistry.register(_DUMMY_VERIFY_INPUT, ddtree_cuda_graph.warmup_tree_verify_with_mask, HookType.AROUND)
+    HookRegistry.register(
+        _AUX_HIDDEN_CAPTURE, hybrid_targets.capture_dflash_layers_of_text_only_qwen35, HookType.AROUND
+    )
     if ddtree_cuda_graph.graph_verify_check_requested():
         HookRegistry.register(
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND

@@ -86,6 +86,15 @@ def record(entry: dict[str, Any]) -> None:
             f.write(json.dumps(entry) + "\n")
 
 
+def with_fake_gpu(tmp_path, mib: int) -> dict[str, str]:
+    """An environment whose ``nvidia-smi`` reports one GPU of ``mib`` MiB (the launcher's only GPU query)."""
+    fake = tmp_path / "fake_gpu" / "nvidia-smi"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text(f"#!/bin/sh\necho {mib}\n")
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+
+
 @contextmanager
 def env_vars(**values: str) -> Iterator[None]:
     saved = {k: os.environ.get(k) for k in values}

@@ -64,3 +64,21 @@ def test_drafter_for_another_target_is_refused_before_any_process_starts(models,
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=r"target_layer_ids=\[0, 4\] but the target has only 4 layers"):
         server_args((target, str(tmp_path)))
+
+
+def test_drafter_saved_in_float32_beside_a_bfloat16_target_is_loaded_in_bfloat16(models, tmp_path):
+    """``--dtype auto`` resolves each checkpoint from its own config: float32 would become float16, and the
+    drafter's first matmul on the target's bfloat16 features would fail on the first request."""
+    import json
+    import os
+    import shutil
+
+    target, drafter = models
+    bf16_target = tmp_path / "target"
+    shutil.copytree(target, bf16_target)
+    config = json.loads((bf16_target / "config.json").read_text())
+    (bf16_target / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
+    with open(os.path.join(drafter, "config.json")) as f:
+        assert json.load(f)["dtype"] == "float32"
+    assert server_args((str(bf16_target), drafter), "--disable-cuda-graph").dtype == "bfloat16"
+    assert server_args((str(bf16_target), drafter), "--disable-cuda-graph", "--dtype", "float16").dtype == "float16"

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from support import with_fake_gpu
 from tiny_models import TinyShape, make_dflash_drafter, make_mtp_target, make_qwen3_target
 
 
@@ -219,3 +220,153 @@ def test_drafter_built_for_another_target_is_refused_naming_the_field(models, tm
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     result = launch("--algo", algo, "--model-path", models["target"], "--draft-model-path", str(tmp_path), "--dry-run")
     assert_one_line_error(result, fragment)
+
+
+# Hybrid (Gated DeltaNet) targets: Qwen3.6-27B's published text config (revision 6a9e13bd), served with dummy
+# weights, and a tiny random one of the same family.
+QWEN36_27B_TEXT = {
+    "model_type": "qwen3_5_text", "dtype": "bfloat16", "hidden_size": 5120, "intermediate_size": 17408,
+    "num_hidden_layers": 64, "full_attention_interval": 4, "num_attention_heads": 24, "num_key_value_heads": 4,
+    "head_dim": 256, "attn_output_gate": True, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+    "mtp_num_hidden_layers": 1, "mamba_ssm_dtype": "float32", "vocab_size": 248320, "tie_word_embeddings": False,
+}  # fmt: skip
+H200_MIB = 143771
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    from tiny_models import make_qwen35_hybrid_target, make_swa_dflash_drafter
+
+    root = tmp_path_factory.mktemp("hybrid_models")
+    big = root / "qwen36_27b"
+    big.mkdir()
+    (big / "config.json").write_text(json.dumps(
+        {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": QWEN36_27B_TEXT}
+    ))  # fmt: skip
+    big_drafter = root / "qwen36_27b_dflash"
+    big_drafter.mkdir()
+    (big_drafter / "config.json").write_text(json.dumps(
+        {"architectures": ["DFlashDraftModel"], "block_size": 16, "hidden_size": 5120, "vocab_size": 248320,
+         "num_hidden_layers": 5, "num_target_layers": 64, "dtype": "bfloat16",
+         "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]}}
+    ))  # fmt: skip
+    return {
+        "target": make_qwen35_hybrid_target(str(root / "qwen35")),
+        "text_target": make_qwen35_hybrid_target(str(root / "qwen35_text"), arch="Qwen3_5ForCausalLM"),
+        "drafter": make_swa_dflash_drafter(str(root / "dflash_swa")),
+        "big": str(big),
+        "big_drafter": str(big_drafter),
+    }
+
+
+def test_ddtree_on_a_hybrid_target_keeps_gdn_states_in_the_prefix_cache_with_overlap(hybrid):
+    argv = dry_run_argv("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path", hybrid["drafter"])
+    assert flag(argv, "--mamba-radix-cache-strategy") == "extra_buffer"
+    assert flag(argv, "--speculative-num-draft-tokens") == "33"
+    no_radix = dry_run_argv("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path",
+                            hybrid["drafter"], "--disable-radix-cache")  # fmt: skip
+    assert "--mamba-radix-cache-strategy" not in no_radix
+
+
+def test_text_only_hybrid_arch_is_served_by_dflash_and_ddtree(hybrid):
+    """SGLang supports no extra_buffer prefix cache for the text-only arch: the launcher leaves its strategy to
+    SGLang (which then schedules without overlap)."""
+    for algo in ("dflash", "ddtree"):
+        argv = dry_run_argv("--algo", algo, "--model-path", hybrid["text_target"], "--draft-model-path", hybrid["drafter"])
+        assert "--mamba-radix-cache-strategy" not in argv
+
+
+@pytest.mark.parametrize(
+    "extra, fragments",
+    [
+        (["--mamba-radix-cache-strategy", "no_buffer"], ["no_buffer does not run with overlap scheduling"]),
+        (["--mamba-radix-cache-strategy", "extra_buffer_lazy"], ["extra_buffer_lazy does not support --algo ddtree"]),
+        (["--budget", "300"], ["301 verify tokens per request exceed --mamba-track-interval 256"]),
+        (["--budget", "64", "--mamba-track-interval", "32"], ["65 verify tokens per request exceed --mamba-track-interval 32"]),
+    ],
+)  # fmt: skip
+def test_hybrid_prefix_cache_settings_sglang_would_assert_on_are_one_line(hybrid, extra, fragments):
+    result = launch("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path", hybrid["drafter"],
+                    *extra, "--dry-run")  # fmt: skip
+    assert_one_line_error(result, *fragments)
+
+
+def test_hybrid_target_in_another_dtype_than_its_conv_states_is_refused(hybrid, tmp_path):
+    """H200 run 24: the tiny hybrid's float32 config became float16 under --dtype auto, and SGLang's conv kernel
+    died at start-up beside its bfloat16 conv state."""
+    float32 = tmp_path / "float32"
+    float32.mkdir()
+    config = json.loads(open(os.path.join(hybrid["target"], "config.json")).read())
+    config["text_config"]["dtype"] = "float32"
+    (float32 / "config.json").write_text(json.dumps(config))
+    for algo in ("ar", "mtp"):
+        assert_one_line_error(launch("--algo", algo, "--model-path", str(float32), "--dry-run"),
+                              "--dtype auto (from the config) serves this hybrid target in float16",
+                              "conv states in bfloat16", "pass --dtype bfloat16")  # fmt: skip
+        assert_one_line_error(launch("--algo", algo, "--model-path", hybrid["big"], "--dtype", "float32", "--dry-run"),
+                              "--dtype float32 serves this hybrid target in float32")  # fmt: skip
+    assert flag(dry_run_argv("--algo", "ar", "--model-path", str(float32), "--dtype", "bfloat16"), "--dtype") == "bfloat16"
+    exact = launch("--algo", "ar", "--model-path", hybrid["big"], "--dtype", "float32", "--dry-run",
+                   env={**os.environ, "SGLANG_MAMBA_CONV_DTYPE": "float32"})  # fmt: skip
+    assert exact.returncode == 0, exact.stderr
+
+
+def test_no_buffer_runs_once_overlap_is_off(hybrid):
+    argv = dry_run_argv("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path", hybrid["drafter"],
+                        "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule")  # fmt: skip
+    assert argv.count("--mamba-radix-cache-strategy") == 1 and flag(argv, "--mamba-radix-cache-strategy") == "no_buffer"
+
+
+def big_dry_run(hybrid, tmp_path, *args: str, gpu_mib: int = H200_MIB) -> subprocess.CompletedProcess:
+    drafter = ["--draft-model-path", hybrid["big_drafter"]] if "ddtree" in args else []
+    return launch("--model-path", hybrid["big"], *drafter, "--load-format", "dummy", *args, "--dry-run",
+                  env=with_fake_gpu(tmp_path, gpu_mib))  # fmt: skip
+
+
+@pytest.mark.parametrize("tp, running", [("1", "6"), ("2", "18")])
+def test_ddtree_at_qwen36_27b_shape_runs_as_many_requests_as_their_node_states_fit(hybrid, tmp_path, tp, running):
+    """Per node and request: 48 GDN layers x (48/tp value heads x 128 x 128 fp32 SSM + conv window) = 146.8 MiB
+    at TP=1; 33 nodes -> 4.73 GiB per request slot. Weights: 27.3e9 bf16 parameters = 50.9 GiB / tp. An H200
+    (140.4 GiB) at an assumed 0.85 static fraction leaves 68.5 GiB (TP=1), of which half goes to verify states:
+    6 requests + 1 padding slot. TP=2: 2.37 GiB per slot, 93.9 GiB left -> 18."""
+    result = big_dry_run(hybrid, tmp_path, "--algo", "ddtree", "--tp", tp)
+    assert result.returncode == 0, result.stderr
+    assert flag(shlex.split(result.stdout)[3:], "--max-running-requests") == running
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--algo", "mtp"], ["--algo", "ddtree", "--budget", "8", "--tp", "2", "--mem-fraction-static", "0.9"]],
+    ids=["mtp-4-tokens", "ddtree-budget-8-tp2"],
+)
+def test_narrow_verifies_keep_sglangs_running_requests(hybrid, tmp_path, args):
+    """MTP verifies 4 tokens (SGLang sizes its running requests itself); 9 nodes at TP=2 fit 48 requests."""
+    result = big_dry_run(hybrid, tmp_path, *args)
+    assert result.returncode == 0, result.stderr
+    assert "--max-running-requests" not in shlex.split(result.stdout)
+
+
+def test_running_requests_whose_node_states_cannot_fit_are_refused_with_both_numbers(hybrid, tmp_path):
+    result = big_dry_run(hybrid, tmp_path, "--algo", "ddtree", "--max-running-requests", "48")
+    assert_one_line_error(result, "--budget 32 (33 verify tokens) with 48 running requests needs 231.8 GiB",
+                          "146.8 MiB per token and request", "about 68.5 GiB of the GPU's 140.4 GiB is left",
+                          "50.9 GiB of weights", "at most 6 fit")  # fmt: skip
+
+
+def test_a_gpu_too_small_for_one_request_is_refused(hybrid, tmp_path):
+    result = big_dry_run(hybrid, tmp_path, "--algo", "ddtree", gpu_mib=81559)  # an 80 GB GPU
+    assert_one_line_error(result, "with 1 running requests needs", "at most 0 fit")
+
+
+def test_drafter_saved_in_another_dtype_is_loaded_in_the_targets(hybrid, tmp_path):
+    """``--dtype auto`` would load a float32 drafter in float16 beside a bfloat16 target."""
+    with open(os.path.join(hybrid["big_drafter"], "config.json")) as f:
+        config = {**json.load(f), "dtype": "float32"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for algo in ("dflash", "ddtree"):
+        argv = dry_run_argv("--algo", algo, "--model-path", hybrid["big"], "--draft-model-path", str(tmp_path))
+        assert flag(argv, "--dtype") == "bfloat16"
+        argv = dry_run_argv("--algo", algo, "--model-path", hybrid["big"], "--draft-model-path", str(tmp_path),
+                            "--dtype", "bfloat16")  # fmt: skip
+        assert argv.count("--dtype") == 1  # the user's own, passed through

@@ -1,8 +1,10 @@
-"""Tiny random-weight models for tests: a Qwen3 target, a DFlash drafter for it, and an MTP-carrying target.
+"""Tiny random-weight models for tests: a Qwen3 target, a DFlash drafter for it, an MTP-carrying target, and the
+hybrid family of the reference user's model (Qwen3.5/3.6: Gated DeltaNet + gated full attention + one MTP layer)
+with a sliding-window DFlash drafter like z-lab's Qwen3.6 drafter.
 
 Used by the CPU tests (through ``conftest.py``) and, as a script, by the GPU suite, which has no model hub:
-``python tests/tiny_models.py --out DIR`` writes ``DIR/{qwen3,dflash,mtp}``. Weights are seeded, so every
-machine builds the same models.
+``python tests/tiny_models.py --out DIR`` writes ``DIR/{qwen3,dflash,mtp,qwen3_v64,dflash_v64,qwen35,qwen35_text,
+dflash_swa}``. Weights are seeded, so every machine builds the same models.
 """
 
 from __future__ import annotations
@@ -33,13 +35,13 @@ class TinyShape:
     vocab_size: int = VOCAB_SIZE
 
 
-def write_tokenizer(out_dir: str) -> None:
-    """A word-level tokenizer over ``t4 .. t511`` so text requests and detokenisation work offline."""
+def write_tokenizer(out_dir: str, vocab_size: int = VOCAB_SIZE) -> None:
+    """A word-level tokenizer over ``t4 .. t{vocab_size - 1}`` so text requests and detokenisation work offline."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(_SPECIAL_TOKENS)}
-    vocab.update({f"t{i}": i for i in range(len(_SPECIAL_TOKENS), VOCAB_SIZE)})
+    vocab.update({f"t{i}": i for i in range(len(_SPECIAL_TOKENS), vocab_size)})
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(
@@ -89,12 +91,17 @@ def make_dflash_drafter(
     block_size: int = 4,
     target_layer_ids: list[int] | None = None,
     seed: int = 1,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
 ) -> str:
     """A random drafter in the upstream ``DFlashDraftModel`` format that SGLang loads.
 
     Its decoder layers have Qwen3's parameter names; ``fc`` projects the concatenated target features
     (one per entry of ``target_layer_ids``) and ``hidden_norm`` normalises them. SGLang captures the
     feature of target layer ``i`` *before* layer ``i + 1``, so ids must stay below ``target_num_layers - 1``.
+    ``layer_types`` (one per drafter layer, ``"sliding_attention"`` or ``"full_attention"``) with
+    ``sliding_window`` gives the layout of z-lab's Qwen3.6 drafters: causal sliding-window layers, then
+    one bidirectional full-attention layer.
     """
     from safetensors.torch import save_file
     from transformers import Qwen3ForCausalLM
@@ -120,6 +127,11 @@ def make_dflash_drafter(
         num_target_layers=target_num_layers,
         dflash_config={"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": target_layer_ids},
     )
+    if layer_types is not None:
+        if len(layer_types) != shape.num_layers:
+            raise ValueError(f"layer_types has {len(layer_types)} entries for {shape.num_layers} drafter layers")
+        config.update(layer_types=list(layer_types), sliding_window=sliding_window,
+                      use_sliding_window=sliding_window is not None)  # fmt: skip
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return out_dir
@@ -140,9 +152,161 @@ def make_mtp_target(out_dir: str, shape: TinyShape = TinyShape()) -> str:
     return out_dir
 
 
+HYBRID_ARCHS = ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM")
+
+
+@dataclass(frozen=True)
+class HybridShape:
+    """Qwen3.6-27B's text model scaled down, its ratios kept.
+
+    The real model (its config.json, revision 6a9e13bd): 64 layers = 16 x (3 Gated DeltaNet + 1 gated full
+    attention), GDN value heads 48 / key heads 16 (3 value heads per key head) of dim 128, conv kernel 4,
+    attention 24 query / 4 KV heads of dim 256 with an output gate, partial rotary 0.25 with interleaved
+    mRoPE, one MTP layer, untied LM head, fp32 SSM state. Here: 2 x (3 + 1) layers, narrow projections and a
+    64-token vocabulary (random drafts then often hold the target's choice, so trees get accepted); head dims
+    are the real ones, so attention and GDN kernels run at their real head shapes.
+    """
+
+    hidden_size: int = 128
+    intermediate_size: int = 256
+    num_layers: int = 8
+    full_attention_interval: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 256
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 6
+    linear_head_dim: int = 128
+    vocab_size: int = 64
+
+
+def _qwen35_text_config(shape: HybridShape) -> dict:
+    return {
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "linear_num_key_heads": shape.linear_num_key_heads,
+        "linear_num_value_heads": shape.linear_num_value_heads,
+        "linear_key_head_dim": shape.linear_head_dim,
+        "linear_value_head_dim": shape.linear_head_dim,
+        "linear_conv_kernel_dim": 4,
+        # SGLang 0.5.17 reads the layer pattern from this key (transformers writes layer_types only).
+        "full_attention_interval": shape.full_attention_interval,
+        "attn_output_gate": True,
+        "output_gate_type": "swish",
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "partial_rotary_factor": 0.25,
+        # mRoPE sections sum to rotary_dim / 2 = head_dim * 0.25 / 2.
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},  # fmt: skip
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": EOS_TOKEN_ID,
+        # As the real checkpoint says (weights are saved in float32): --dtype auto then gives bfloat16, the only
+        # dtype beside SGLang's bfloat16 GDN conv states besides float32 (which the CPU tests ask for).
+        "dtype": "bfloat16",
+    }
+
+
+def _mtp_weights(state_dict: dict[str, torch.Tensor], layer_prefix: str, hidden_size: int) -> dict[str, torch.Tensor]:
+    """Weights of one Qwen3.5 MTP layer (checkpoint names ``mtp.*``): a full-attention decoder layer, copied from
+    the target's first one (random either way), behind ``fc`` over ``[embedding; hidden]``."""
+    attention_layer = next(
+        name.split(".self_attn.")[0] for name in state_dict if name.startswith(layer_prefix) and ".self_attn." in name
+    )
+    weights = {
+        "mtp.layers.0" + name[len(attention_layer) :]: tensor.clone()
+        for name, tensor in state_dict.items()
+        if name.startswith(attention_layer + ".")
+    }
+    weights["mtp.fc.weight"] = torch.randn(hidden_size, 2 * hidden_size) * 0.02
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        weights[f"mtp.{norm}.weight"] = torch.zeros(hidden_size)  # Gemma-style RMSNorm: scale 1 + w
+    return weights
+
+
+def make_qwen35_hybrid_target(
+    out_dir: str,
+    shape: HybridShape = HybridShape(),
+    arch: str = "Qwen3_5ForConditionalGeneration",
+    seed: int = 0,
+) -> str:
+    """A random Qwen3.5/3.6-family target with real safetensors weights, its MTP layer and a tokenizer.
+
+    ``arch`` is the real multimodal checkpoint's ``Qwen3_5ForConditionalGeneration`` (a one-block vision tower
+    beside the text model; requests stay text-only) or the text-only ``Qwen3_5ForCausalLM``. With the same
+    ``seed`` both archs hold the same language model (weights and MTP layer), so they must generate alike.
+    """
+    from safetensors.torch import save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    if arch not in HYBRID_ARCHS:
+        raise ValueError(f"arch must be one of {HYBRID_ARCHS}, got {arch!r}")
+    text = _qwen35_text_config(shape)
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+              "out_hidden_size": shape.hidden_size, "num_position_embeddings": 64}  # fmt: skip
+    config = Qwen3_5Config(text_config=dict(text), vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForConditionalGeneration(config).eval()
+    weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    if arch == "Qwen3_5ForCausalLM":  # the text checkpoint's names: model.layers.*, model.embed_tokens, lm_head
+        weights = {name.replace("model.language_model.", "model."): tensor for name, tensor in weights.items()
+                   if not name.startswith("model.visual.")}  # fmt: skip
+        saved = {**text, "model_type": "qwen3_5_text"}
+    else:
+        saved = {**config.to_dict(), "text_config": {**config.text_config.to_dict(), **text}}
+    layer_prefix = "model.layers." if arch == "Qwen3_5ForCausalLM" else "model.language_model.layers."
+    weights.update(_mtp_weights(weights, layer_prefix, shape.hidden_size))
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(weights, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump({**saved, "architectures": [arch]}, f, indent=2)
+    write_tokenizer(out_dir, vocab_size=shape.vocab_size)
+    if arch == "Qwen3_5ForConditionalGeneration":
+        _write_image_processor_config(out_dir)
+    return out_dir
+
+
+def _write_image_processor_config(out_dir: str) -> None:
+    """SGLang's tokenizer manager builds the multimodal processor of a multimodal arch even for text-only requests
+    (and with --skip-tokenizer-init): Qwen3-VL's processor, the real checkpoint's, needs this file."""
+    config = {"processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+              "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "image_mean": [0.5, 0.5, 0.5],
+              "image_std": [0.5, 0.5, 0.5], "size": {"longest_edge": 16777216, "shortest_edge": 65536}}  # fmt: skip
+    with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def make_swa_dflash_drafter(out_dir: str, target_num_layers: int = HybridShape().num_layers,
+                            hidden_size: int = HybridShape().hidden_size, vocab_size: int = HybridShape().vocab_size,
+                            block_size: int = 8) -> str:  # fmt: skip
+    """A drafter with z-lab Qwen3.6-27B-DFlash's layout (4 causal sliding-window layers of window 2048, then one
+    full-attention layer; target layers [1, 16, 31, 46, 61] of 64), scaled down: one sliding-window layer of
+    window 16 (shorter than the tests' sequences, so the window cuts) and one full-attention layer, reading
+    three target layers spread like upstream's."""
+    return make_dflash_drafter(
+        out_dir,
+        target_num_layers=target_num_layers,
+        shape=TinyShape(hidden_size=hidden_size, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=128,
+                        vocab_size=vocab_size),  # z-lab's head dim, 4 query heads per KV head
+        block_size=block_size,
+        target_layer_ids=[1, target_num_layers // 2 - 1, target_num_layers - 3],
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=16,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="parent folder for qwen3/, dflash/, mtp/, qwen3_v64/, dflash_v64/")
+    parser.add_argument("--out", required=True, help="parent folder of the models (see the module docstring)")
     parser.add_argument("--num-layers", type=int, default=4)
     args = parser.parse_args()
     shape = TinyShape(num_layers=args.num_layers)
@@ -163,6 +327,10 @@ def main() -> None:
         block_size=8,
         target_layer_ids=list(range(0, args.num_layers - 1, 2)),
     )
+    # The reference user's model family (Qwen3.5/3.6 hybrid), both archs, and a sliding-window drafter.
+    make_qwen35_hybrid_target(os.path.join(args.out, "qwen35"))
+    make_qwen35_hybrid_target(os.path.join(args.out, "qwen35_text"), arch="Qwen3_5ForCausalLM")
+    make_swa_dflash_drafter(os.path.join(args.out, "dflash_swa"))
     print(args.out)
 
 

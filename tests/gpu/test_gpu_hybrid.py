@@ -1,0 +1,200 @@
+"""GPU suite (H200) on the reference user's model family: DDTree on a Qwen3.5/3.6 hybrid target is lossless.
+
+The target is ``tests/tiny_models.py``'s ``qwen35`` (2 x (3 Gated DeltaNet + 1 gated full attention) layers at
+the real head dims, an MTP layer, a 64-token vocabulary), the drafter ``dflash_swa`` (a causal sliding-window
+layer and a full-attention one, like z-lab's Qwen3.6 drafters). Tree verification through GDN layers runs
+SGLang's tree path: a conv window and SSM state per tree node, the last accepted node's committed.
+
+Per backend: AR and DDTree (budget 16) with the radix cache off, DDTree with CUDA graphs (graph-vs-eager verify
+check on) and without, and DDTree with the radix cache on (extra_buffer GDN snapshots). On flashinfer also MTP
+and DFLASH on the same target, and DDTree and DFLASH on the text-only arch ``qwen35_text`` (the same weights).
+Requests are 16 concurrent greedy generations of 320 tokens after prompts of 3-108 tokens: past the 256-token
+mamba-track interval of the prefix cache. Exactness in bfloat16 is judged by AR's top-2 margin (``lossless.py``);
+token identity in float32 is tests/test_hybrid_cpu.py's.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import pytest
+
+from lossless import SAMPLING_ALPHA, assert_lossless, generate, generate_all, sampled_pvalues
+from sglang_ddtree.serving import ServerStartError, free_port, launched_server
+from support import http_json, record
+
+pytestmark = pytest.mark.gpu
+
+MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
+BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
+BUDGET = 16
+CONCURRENT = 16
+NEW_TOKENS = 320
+PROMPTS = [[(13 * i + 7 * j) % 60 + 4 for j in range(length)] for i, length in enumerate(range(3, 3 + 7 * CONCURRENT, 7))]
+FLAGS = [
+    "--context-length", "2048",
+    "--max-total-tokens", "65536",
+    "--max-running-requests", str(CONCURRENT),
+    "--cuda-graph-max-bs", str(CONCURRENT),
+    "--mem-fraction-static", "0.05",
+    "--sampling-backend", "pytorch",
+    "--grammar-backend", "none",
+    "--skip-tokenizer-init",
+    "--dtype", "bfloat16",  # GDN conv states are bfloat16; the float32 config would be served in float16
+]  # fmt: skip
+TARGET, TEXT_TARGET, DRAFTER = f"{MODELS}/qwen35", f"{MODELS}/qwen35_text", f"{MODELS}/dflash_swa"
+DDTREE = ["--algo", "ddtree", "--draft-model-path", DRAFTER, "--budget", str(BUDGET)]
+NO_RADIX = ["--disable-radix-cache"]
+SERVERS = {  # kind: (launcher arguments, environment, backends)
+    "ar": (["--algo", "ar", "--model-path", TARGET, *NO_RADIX], {}, BACKENDS),
+    "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}, BACKENDS),
+    "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], {}, BACKENDS),
+    "ddtree_radix": ([*DDTREE, "--model-path", TARGET], {}, BACKENDS),
+    "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}, ["flashinfer"]),
+    "dflash": (["--algo", "dflash", "--model-path", TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}, ["flashinfer"]),
+    "ddtree_text": ([*DDTREE, "--model-path", TEXT_TARGET, *NO_RADIX], {}, ["flashinfer"]),
+    "dflash_text": (["--algo", "dflash", "--model-path", TEXT_TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {},
+                    ["flashinfer"]),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """{(kind, backend): url or an error string}; all servers start side by side."""
+
+    def start(stack: ExitStack, kind: str, backend: str):
+        args, env, _ = SERVERS[kind]
+        t0 = time.perf_counter()
+        try:
+            url = stack.enter_context(launched_server([*args, "--attention-backend", backend, *FLAGS], free_port(),
+                                                      env=env, ready_timeout=480))  # fmt: skip
+        except ServerStartError as e:
+            return (kind, backend), str(e)
+        record({"test": "hybrid_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
+        return (kind, backend), url
+
+    combos = [(kind, backend) for kind, (_, _, backends) in SERVERS.items() for backend in backends if backend in BACKENDS]
+    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
+        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
+
+
+def url_of(servers, kind: str, backend: str) -> str:
+    url = servers.get((kind, backend), f"no {kind} server on {backend}")
+    assert url.startswith("http://"), url
+    return url
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(servers):
+    return {backend: [o["output_ids"] for o in generate_all(url_of(servers, "ar", backend), PROMPTS, NEW_TOKENS)]
+            for backend in BACKENDS}  # fmt: skip
+
+
+def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -> list[dict]:
+    url = url_of(servers, kind, backend)
+    assert http_json(url + "/server_info")["internal_states"][0]["speculative_algorithm"] == algorithm
+    outputs = generate_all(url, PROMPTS, NEW_TOKENS)
+    metas = [o["meta_info"] for o in outputs]
+    assert all(len(o["output_ids"]) == NEW_TOKENS for o in outputs)
+    verifies = sum(m["spec_verify_ct"] for m in metas)
+    accepted = sum(m["spec_num_correct_drafts"] for m in metas)
+    record({"test": "hybrid_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
+            "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
+    assert accepted > 0  # otherwise a bonus-only verify would pass too
+    assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend],
+                    [o["output_ids"] for o in outputs], f"hybrid {kind}")  # fmt: skip
+    return metas
+
+
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_radix"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
+    metas = check_greedy(servers, ar_outputs, kind, backend, "DDTREE")
+    assert max(len(m["spec_accept_histogram"]) for m in metas) <= 8  # at most one node per drafted depth (block 8)
+
+
+@pytest.mark.parametrize("kind, algorithm", [("mtp", "EAGLE"), ("dflash", "DFLASH")])
+def test_mtp_and_dflash_serve_the_same_hybrid_target_losslessly(servers, ar_outputs, kind, algorithm):
+    check_greedy(servers, ar_outputs, kind, "flashinfer", algorithm)
+
+
+@pytest.mark.parametrize("kind, algorithm", [("ddtree_text", "DDTREE"), ("dflash_text", "DFLASH")])
+def test_text_only_arch_serves_dflash_family_drafters(servers, ar_outputs, kind, algorithm):
+    """The text-only checkpoint holds the same language model as the multimodal one: AR's outputs apply."""
+    check_greedy(servers, ar_outputs, kind, "flashinfer", algorithm)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend):
+    url = url_of(servers, "ddtree_graphs", backend)
+    generate_all(url, PROMPTS[:4], NEW_TOKENS)
+    check = http_json(url + "/server_info")["internal_states"][0]["ddtree_graph_verify_check"]
+    record({"test": "hybrid_graph_check", "backend": backend, **check})
+    assert check["verifies"] > 0 and check["rows"] >= check["verifies"] * (BUDGET + 1)
+    assert check["max_abs_diff"] <= 0.0625 and check["argmax_mismatches"] <= 0.01 * check["rows"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, backend):
+    """A conversation's second turn reuses the first turn's cached prefix (its GDN state restored from an
+    extra_buffer snapshot), and must continue as a full prefill of the same tokens does."""
+    url, ar_url = url_of(servers, "ddtree_radix", backend), url_of(servers, "ar", backend)
+    first_turn = PROMPTS[-1]
+    answer = generate(url, first_turn, NEW_TOKENS)["output_ids"]
+    second_turn = first_turn + answer + PROMPTS[2]
+    hit = generate(url, second_turn, 64)
+    with urllib.request.urlopen(url + "/flush_cache", timeout=60) as response:  # answers in plain text
+        assert response.status == 200
+    full = generate(url, second_turn, 64)
+    record({"test": "hybrid_prefix_cache", "backend": backend, "cached_tokens_hit": hit["meta_info"]["cached_tokens"],
+            "cached_tokens_full": full["meta_info"]["cached_tokens"], "prompt_tokens": len(second_turn)})  # fmt: skip
+    assert hit["meta_info"]["cached_tokens"] >= len(first_turn)
+    assert full["meta_info"]["cached_tokens"] == 0
+    assert_lossless(backend, ar_url, [second_turn], [full["output_ids"]], [hit["output_ids"]], "prefix-cache hit")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend):
+    url, ar_url = url_of(servers, "ddtree_graphs", backend), url_of(servers, "ar", backend)
+    victim: dict = {}
+
+    def run_victim():
+        try:
+            out = generate(url, PROMPTS[0], 1900, rid="hybrid-abort-victim")
+            victim["finish"] = out["meta_info"]["finish_reason"]
+        except urllib.error.HTTPError as e:
+            victim["finish"] = {"type": "abort", "http_status": e.code}
+
+    thread = threading.Thread(target=run_victim)
+    thread.start()
+    with ThreadPoolExecutor(4) as pool:
+        others = pool.map(lambda ids: generate(url, ids, NEW_TOKENS), PROMPTS[1:5])
+        time.sleep(1.0)
+        http_json(url + "/abort_request", {"rid": "hybrid-abort-victim"})
+        others = [o["output_ids"] for o in others]
+    thread.join(timeout=300)
+    record({"test": "hybrid_abort", "backend": backend, "victim_finish": victim.get("finish")})
+    assert victim["finish"]["type"] == "abort", victim
+    assert_lossless(backend, ar_url, PROMPTS[1:5], ar_outputs[backend][1:5], others, "hybrid abort: the others")
+    after = [generate(url, PROMPTS[5], NEW_TOKENS)["output_ids"]]
+    assert_lossless(backend, ar_url, PROMPTS[5:6], ar_outputs[backend][5:6], after, "hybrid abort: a request after")
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"temperature": 1.0}, {"temperature": 1.0, "top_p": 0.8}, {"temperature": 1.0, "top_k": 8}],
+    ids=["temperature-1", "top-p-0.8", "top-k-8"],
+)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_tokens_follow_the_targets_distribution(servers, backend, sampling):
+    """tests/gpu/test_gpu_ddtree.py's test (8000 samples of 4 tokens, chi-square per position at alpha 1e-3) on
+    the hybrid target: tokens 2-4 come from tree verification through the GDN layers."""
+    pvalues = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, "ddtree_graphs", backend), PROMPTS[3],
+                              sampling, samples=8000, tokens=4)  # fmt: skip
+    record({"test": "hybrid_sampling", "backend": backend, **sampling, "pvalues": pvalues})
+    assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues

@@ -1,0 +1,94 @@
+"""``python -m bench.hybrid_verify_cost``: its configurations pass the launcher, its report says what it measured."""
+
+import gzip
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench import hybrid_verify_cost as cost  # noqa: E402
+from support import with_fake_gpu  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cost_models")
+    cost.write_model_folders(root)
+    return root
+
+
+def launch_args(config: cost.Config, models, running: int) -> list[str]:
+    return [*config.launcher_args(models), "--attention-backend", "flashinfer", "--tokenizer-path", str(models),
+            *cost.SERVER_FLAGS, "--max-running-requests", str(running)]  # fmt: skip
+
+
+def test_every_configuration_is_accepted_by_the_launcher(models):
+    """Run before any GPU time is spent: a typo in a configuration would cost a server start."""
+    configs = cost.default_configs()
+    assert {c.width for c in configs if c.algo == "ddtree"} == set(cost.WIDTHS)
+    for config in configs:
+        assert cost.launcher_refusal(launch_args(config, models, 1)) is None, config.name
+
+
+def test_on_an_h200_the_widest_fp32_tree_fits_one_request_but_not_eight(models, tmp_path, monkeypatch):
+    """65 nodes x 146.8 MiB per request slot: 9 slots (8 requests + padding) need 83.9 GiB, more than the
+    ~75.5 GiB the 50.9 GiB of weights leave at --mem-fraction-static 0.9; bf16 states halve that."""
+    monkeypatch.setenv("PATH", with_fake_gpu(tmp_path, 143771)["PATH"])  # an H200
+    widest = next(c for c in cost.default_configs() if c.name == "ddtree N=65")
+    assert "needs 83.9 GiB" in cost.launcher_refusal(launch_args(widest, models, 8))
+    assert cost.launcher_refusal(launch_args(widest, models, 1)) is None
+    bf16 = next(c for c in cost.default_configs() if c.name == "ddtree N=65 ssm bf16")
+    assert cost.launcher_refusal(launch_args(bf16, models, 8)) is None
+
+
+def test_server_log_gives_the_gdn_state_sglang_allocated():
+    line = ("Mamba Cache is allocated. max_mamba_cache_size: 9, conv_state size: 0.01GB, ssm_state size: 0.28GB "
+            "intermediate_ssm_state_cache size: 9.28GB intermediate_conv_window_cache size: 0.19GB ")  # fmt: skip
+    assert cost.gdn_state_gb("noise\n" + line) == {
+        "conv_state": 0.01, "ssm_state": 0.28, "intermediate_ssm_state_cache": 9.28, "intermediate_conv_window_cache": 0.19,
+    }  # fmt: skip
+
+
+def test_kernel_time_is_split_by_kind_per_step(tmp_path):
+    events = [{"cat": "kernel", "name": n, "dur": d} for n, d in [
+        ("fused_sigmoid_gating_delta_rule_update_kernel", 800), ("_causal_conv1d_update_kernel", 200),
+        ("BatchPrefillWithPagedKVCacheKernel", 400), ("nvjet_tst_128x64_64x6_1x1_v_bz_TNN", 1200),
+        ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>", 400)]]
+    events += [{"cat": "cpu_op", "name": "aten::mm", "dur": 5000}]  # host time: not GPU kernel time
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    assert cost.kernel_time_by_class(str(path), steps=2) == {"gdn": 0.5, "attention": 0.2, "gemm": 0.6, "other": 0.2}
+    assert [k["class"] for k in cost.top_kernels(str(path), steps=2, count=3)] == ["gemm", "gdn", "attention"]
+
+
+def report_with(step_ms: dict[str, dict[int, float]]) -> dict:
+    configs = {c.name: c for c in cost.default_configs()}
+    rows = []
+    for name, cells in step_ms.items():
+        c = configs[name]
+        rows.append({"config": name, "model": c.model, "algo": c.algo, "width": c.width,
+                     "ssm_dtype": c.ssm_dtype or "float32", "cells": {str(bs): {"step_ms": ms} for bs, ms in cells.items()}})  # fmt: skip
+    return {"meta": {"date": "d", "commit": "c", "gpu": "g", "attention_backend": "flashinfer", "prompt_len": 512,
+                     "new_tokens": 96, "repeats": 2}, "rows": rows}  # fmt: skip
+
+
+def test_break_even_tau_scales_the_baselines_tau_by_the_step_ratio():
+    report = report_with({"mtp": {1: 20.0}, "dflash": {1: 25.0}, "ddtree N=33": {1: 30.0}})
+    (entry,) = cost.break_even(report["rows"], {"mtp": 3.5, "dflash": 3.1}, bs=1)
+    assert entry["tau_to_beat_mtp"] == pytest.approx(3.5 * 30 / 20)
+    assert entry["tau_to_beat_dflash"] == pytest.approx(3.1 * 30 / 25)
+
+
+def test_report_marks_refused_cells_and_writes_a_plot(tmp_path):
+    report = report_with({"ar": {1: 18.0, 8: 19.0}, "mtp": {1: 21.0, 8: 24.0}, "ddtree N=65": {1: 33.0}})
+    report["rows"][-1]["cells"]["8"] = {"refused": "--budget 64 (65 verify tokens) with 8 running requests needs ..."}
+    text = cost.markdown(report, {"mtp": 3.5})
+    assert "| ddtree N=65 | 65 | float32 | 33.00 | does not fit |" in text
+    assert "ddtree N=65, bs 8: --budget 64" in text
+    cost.plot(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0
