@@ -70,6 +70,22 @@ def run_engine_generate(
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def accepted_drafts_of_tree_verifies(report: dict, modes: tuple[str, ...], new_tokens: int, block_size: int) -> int:
+    """Check each request's speculative metrics in an engine report and return the drafted tokens accepted.
+
+    Every request generated ``new_tokens``; its accept histogram has one entry per verify, indexed by accepted
+    nodes, so at most one per draft depth of a ``block_size`` block.
+    """
+    accepted = 0
+    for mode in modes:
+        for meta in report[mode]["meta_info"]:
+            assert meta["completion_tokens"] == new_tokens
+            histogram = meta["spec_accept_histogram"]
+            assert sum(histogram) == meta["spec_verify_ct"] > 0 and len(histogram) <= block_size
+            accepted += meta["spec_num_correct_drafts"]
+    return accepted
+
+
 def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})

@@ -8,7 +8,7 @@ tree's acceptance and KV compaction, which a chain-shaped or mis-masked verify w
 
 import pytest
 
-from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, run_engine_generate
+from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
 pytestmark = pytest.mark.slow
@@ -61,14 +61,8 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert report["scheduler_states"][0]["speculative_num_draft_tokens"] == budget + 1
     assert report["sequential"]["output_ids"] == ar_outputs
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
-    accepted_drafts = 0
-    for mode in ("sequential", "concurrent"):
-        for meta in report[mode]["meta_info"]:
-            assert meta["completion_tokens"] == GREEDY["max_new_tokens"]
-            histogram = meta["spec_accept_histogram"]
-            # One entry per verify, indexed by accepted nodes: at most one per draft depth.
-            assert sum(histogram) == meta["spec_verify_ct"] > 0 and len(histogram) <= BLOCK_SIZE
-            accepted_drafts += meta["spec_num_correct_drafts"]
+    modes = ("sequential", "concurrent")
+    accepted_drafts = accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], BLOCK_SIZE)
     if budget >= 8:
         assert accepted_drafts > 0  # otherwise this test could not tell a tree verify from a bonus-only one
 

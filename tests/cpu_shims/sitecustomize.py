@@ -10,6 +10,14 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does two things, both test-only
      backend; the Triton backend that CI runs reads the FULL_MASK layout (else a tree token is dropped).
    - ``speculative_hook._handle_dflash``: DFLASH refuses any device but CUDA/NPU; the check sees "cuda".
    - ``Tensor.record_stream`` is a no-op for CPU tensors (DFlash's worker calls it unconditionally).
+   - ``torch.cuda.synchronize`` is a no-op without CUDA (Qwen3.5's MTP ``set_embed_and_head`` calls it
+     unconditionally).
+   - ``MambaPool.__init__`` allocates the speculative buffers (per-draft SSM states and conv windows) with
+     ``device="cuda"`` hard-coded; those allocations go to the pool's own device.
+   - ``mamba_state_scatter_triton``: the commit of accepted SSM states and conv windows after a verify refuses
+     non-CUDA tensors; on CPU it is the same gather-scatter in torch indexing.
+   - ``layernorm_gated._get_sm_count``: the Triton gated RMSNorm (Qwen3.5's GDN output norm; the CPU engine runs
+     it when the CPU lacks AMX) sizes its row blocks from ``torch.cuda``'s SM count; on CPU it counts 1.
 """
 
 import importlib.abc
@@ -61,10 +69,70 @@ def _patch_record_stream(module) -> None:
     torch.Tensor.record_stream = record_stream
 
 
+def _patch_cuda_synchronize(module) -> None:
+    import torch
+
+    original = torch.cuda.synchronize
+    if getattr(original, "_cpu_ci_patched", False):
+        return
+
+    def synchronize(device=None):
+        if torch.cuda.is_available():
+            original(device)
+
+    synchronize._cpu_ci_patched = True
+    torch.cuda.synchronize = synchronize
+
+
+def _patch_memory_pool(module) -> None:
+    import torch
+
+    original = module.MambaPool.__init__
+
+    def init_on_own_device(self, *args, device, **kwargs):
+        zeros = torch.zeros
+
+        def zeros_on_pool_device(*zeros_args, **zeros_kwargs):
+            if zeros_kwargs.get("device") == "cuda":
+                zeros_kwargs["device"] = device
+            return zeros(*zeros_args, **zeros_kwargs)
+
+        torch.zeros = zeros_on_pool_device
+        try:
+            original(self, *args, device=device, **kwargs)
+        finally:
+            torch.zeros = zeros
+
+    module.MambaPool.__init__ = init_on_own_device
+
+
+def _patch_mamba_state_scatter(module) -> None:
+    def scatter_accepted_steps(dst, src, dst_indices_raw, step_indices_raw):
+        """``dst[:, dst_indices_raw[i]] = src[:, i, step_indices_raw[i]]`` for each request ``i`` with a step >= 0."""
+        requests = (step_indices_raw >= 0).nonzero().flatten()
+        dst[:, dst_indices_raw[requests].long()] = src[:, requests, step_indices_raw[requests].long()]
+
+    module.fused_mamba_state_scatter_with_mask = scatter_accepted_steps
+    module.fused_conv_window_scatter_with_mask = scatter_accepted_steps
+
+
+def _patch_layernorm_gated(module) -> None:
+    original = module._get_sm_count
+
+    def get_sm_count(device):
+        return 1 if device.type == "cpu" else original(device)
+
+    module._get_sm_count = get_sm_count
+
+
 _SGLANG_PATCHES = {
     "sglang.srt.speculative.eagle_utils": _patch_eagle_utils,
     "sglang.srt.arg_groups.speculative_hook": _patch_speculative_hook,
     "sglang.srt.speculative.dflash_worker_v2": _patch_record_stream,
+    "sglang.srt.models.qwen3_5_mtp": _patch_cuda_synchronize,
+    "sglang.srt.mem_cache.memory_pool": _patch_memory_pool,
+    "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _patch_mamba_state_scatter,
+    "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,
 }
 
 

@@ -10,6 +10,9 @@ CPU suites' test (tests/test_ddtree_cpu.py, tests/test_hybrid_cpu.py).
 
 from __future__ import annotations
 
+import threading
+import time
+import urllib.error
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -53,6 +56,34 @@ def assert_lossless(backend: str, ar_url: str, prompts, expected, got, label: st
     record({"test": "ddtree_equals_ar", "case": label, "backend": backend, "requests": len(prompts),
             "divergences": found})  # fmt: skip
     assert all(d["margin"] < BF16_CLEAR_MARGIN for d in found), found
+
+
+def assert_abort_leaves_the_others_lossless(
+    url: str, ar_url: str, backend: str, prompts: list[list[int]], expected: list[list[int]], new_tokens: int
+) -> None:
+    """A long request on ``prompts[0]`` is aborted mid-generation while ``prompts[1:5]`` run beside it; they, and a
+    request on ``prompts[5]`` after it, must still follow AR (``expected`` holds AR's outputs)."""
+    victim: dict = {}
+
+    def run_victim():
+        try:
+            victim["finish"] = generate(url, prompts[0], 1900, rid="ddtree-abort-victim")["meta_info"]["finish_reason"]
+        except urllib.error.HTTPError as e:  # SGLang may answer an aborted non-streaming request with an error
+            victim["finish"] = {"type": "abort", "http_status": e.code}
+
+    thread = threading.Thread(target=run_victim)
+    thread.start()
+    with ThreadPoolExecutor(4) as pool:
+        others = pool.map(lambda ids: generate(url, ids, new_tokens), prompts[1:5])
+        time.sleep(1.0)
+        http_json(url + "/abort_request", {"rid": "ddtree-abort-victim"})
+        others = [o["output_ids"] for o in others]
+    thread.join(timeout=300)
+    record({"test": "ddtree_abort", "backend": backend, "victim_finish": victim.get("finish")})
+    assert victim["finish"]["type"] == "abort", victim
+    assert_lossless(backend, ar_url, prompts[1:5], expected[1:5], others, "abort: the others")
+    after = [generate(url, prompts[5], new_tokens)["output_ids"]]
+    assert_lossless(backend, ar_url, prompts[5:6], expected[5:6], after, "abort: a request after it")
 
 
 def homogeneity_pvalue(first: list[int], second: list[int]) -> float:

@@ -12,15 +12,19 @@ identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
 from __future__ import annotations
 
 import os
-import threading
 import time
-import urllib.error
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import pytest
 
-from lossless import SAMPLING_ALPHA, assert_lossless, generate, generate_all, homogeneity_pvalue
+from lossless import (
+    SAMPLING_ALPHA,
+    assert_abort_leaves_the_others_lossless,
+    assert_lossless,
+    generate_all,
+    homogeneity_pvalue,
+)
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
 
@@ -122,29 +126,8 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend):
-    url = url_of(servers, "ddtree_graphs", backend)
-    victim: dict = {}
-
-    def run_victim():
-        try:
-            victim["finish"] = generate(url, PROMPTS[0], 1900, rid="ddtree-abort-victim")["meta_info"]["finish_reason"]
-        except urllib.error.HTTPError as e:  # SGLang may answer an aborted non-streaming request with an error
-            victim["finish"] = {"type": "abort", "http_status": e.code}
-
-    thread = threading.Thread(target=run_victim)
-    thread.start()
-    with ThreadPoolExecutor(4) as pool:
-        others = pool.map(lambda ids: generate(url, ids, NEW_TOKENS), PROMPTS[1:5])
-        time.sleep(1.0)
-        http_json(url + "/abort_request", {"rid": "ddtree-abort-victim"})
-        others = [o["output_ids"] for o in others]
-    thread.join(timeout=300)
-    record({"test": "ddtree_abort", "backend": backend, "victim_finish": victim.get("finish")})
-    assert victim["finish"]["type"] == "abort", victim
-    ar_url = url_of(servers, "ar", backend)
-    assert_lossless(backend, ar_url, PROMPTS[1:5], ar_outputs[backend][1:5], others, "abort: the others")
-    after = [generate(url, PROMPTS[5], NEW_TOKENS)["output_ids"]]
-    assert_lossless(backend, ar_url, PROMPTS[5:6], ar_outputs[backend][5:6], after, "abort: a request after it")
+    assert_abort_leaves_the_others_lossless(url_of(servers, "ddtree_graphs", backend), url_of(servers, "ar", backend),
+                                            backend, PROMPTS, ar_outputs[backend], NEW_TOKENS)  # fmt: skip
 
 
 SAMPLES = 8000

@@ -16,16 +16,21 @@ token identity in float32 is tests/test_hybrid_cpu.py's.
 from __future__ import annotations
 
 import os
-import threading
 import time
-import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
 import pytest
 
-from lossless import SAMPLING_ALPHA, assert_lossless, generate, generate_all, sampled_pvalues
+from lossless import (
+    SAMPLING_ALPHA,
+    assert_abort_leaves_the_others_lossless,
+    assert_lossless,
+    generate,
+    generate_all,
+    sampled_pvalues,
+)
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
 
@@ -161,29 +166,8 @@ def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, ba
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend):
-    url, ar_url = url_of(servers, "ddtree_graphs", backend), url_of(servers, "ar", backend)
-    victim: dict = {}
-
-    def run_victim():
-        try:
-            out = generate(url, PROMPTS[0], 1900, rid="hybrid-abort-victim")
-            victim["finish"] = out["meta_info"]["finish_reason"]
-        except urllib.error.HTTPError as e:
-            victim["finish"] = {"type": "abort", "http_status": e.code}
-
-    thread = threading.Thread(target=run_victim)
-    thread.start()
-    with ThreadPoolExecutor(4) as pool:
-        others = pool.map(lambda ids: generate(url, ids, NEW_TOKENS), PROMPTS[1:5])
-        time.sleep(1.0)
-        http_json(url + "/abort_request", {"rid": "hybrid-abort-victim"})
-        others = [o["output_ids"] for o in others]
-    thread.join(timeout=300)
-    record({"test": "hybrid_abort", "backend": backend, "victim_finish": victim.get("finish")})
-    assert victim["finish"]["type"] == "abort", victim
-    assert_lossless(backend, ar_url, PROMPTS[1:5], ar_outputs[backend][1:5], others, "hybrid abort: the others")
-    after = [generate(url, PROMPTS[5], NEW_TOKENS)["output_ids"]]
-    assert_lossless(backend, ar_url, PROMPTS[5:6], ar_outputs[backend][5:6], after, "hybrid abort: a request after")
+    assert_abort_leaves_the_others_lossless(url_of(servers, "ddtree_graphs", backend), url_of(servers, "ar", backend),
+                                            backend, PROMPTS, ar_outputs[backend], NEW_TOKENS)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,198 @@
+"""Qwen3.5/3.6 hybrid targets (Gated DeltaNet linear attention + gated full attention) on SGLang's CPU engine.
+
+1. SGLang's greedy output is token-identical to HF transformers' float32 greedy, for the multimodal checkpoint
+   arch the real models ship (``Qwen3_5ForConditionalGeneration``) and the text-only one.
+2. DDTREE on the multimodal arch is token-identical to AR greedy on the same engine, alone and batched, with
+   drafted nodes accepted: tree verify through the GDN layers (each node's conv window and recurrent state
+   continue from its parent's), the commit of the accepted path's states and the KV compaction are exact.
+3. Upstream NEXTN (the checkpoint's MTP layer, chain verify) and DFLASH are token-identical to AR greedy too.
+
+Exactness is judged in float32 with the radix cache off. Under the Triton interpreter every kernel program runs in
+Python, so a verify costs about (GDN layers x GDN heads x tree tokens) interpreted loops: ``CPU_SHAPE`` keeps the
+real attention heads (dim 256, partial rotary, interleaved mRoPE) and shrinks GDN to one key/value head of dim
+32 over 2 x (2 GDN + 1 attention) layers; 6 layers give the drafter three distinct target layers (1, 2, 3).
+One value head per key head also takes SGLang's fused qkvz/ba split, the GPU path for those head ratios.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
+from tiny_models import HybridShape, make_qwen35_hybrid_target, make_swa_dflash_drafter
+
+pytestmark = pytest.mark.slow
+
+CPU_SHAPE = HybridShape(
+    hidden_size=64, intermediate_size=128, num_layers=6, full_attention_interval=3, num_heads=2, num_kv_heads=1,
+    linear_num_key_heads=1, linear_num_value_heads=1, linear_head_dim=32,
+)  # fmt: skip
+DRAFT_BLOCK_SIZE = 8  # make_swa_dflash_drafter's; its sliding-window layer sees the last 16 positions
+VOCAB = CPU_SHAPE.vocab_size
+# Four prompts, two shorter and two longer than the drafter's window (16); the second one's generation crosses it.
+PROMPTS = [[(7 * i + 3 * j) % (VOCAB - 4) + 4 for j in range(length)] for i, length in enumerate([3, 12, 19, 27])]
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+# SGLang keeps GDN conv states in bfloat16 whatever the model dtype unless told otherwise. One OpenMP thread per
+# engine: the interpreted kernels are single-threaded Python, and two engines share CI's two cores.
+EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32", "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid_models")
+    return {
+        "multimodal": make_qwen35_hybrid_target(str(root / "qwen35"), CPU_SHAPE),
+        "text": make_qwen35_hybrid_target(str(root / "qwen35_text"), CPU_SHAPE, arch="Qwen3_5ForCausalLM"),
+        "drafter": make_swa_dflash_drafter(
+            str(root / "dflash_swa"),
+            target_num_layers=CPU_SHAPE.num_layers,
+            hidden_size=CPU_SHAPE.hidden_size,
+            vocab_size=VOCAB,
+            block_size=DRAFT_BLOCK_SIZE,
+        ),
+    }
+
+
+def exact_engine_args(target: str) -> dict:
+    # A few mamba slots suffice for 4 requests; sized from free memory, the pool would take tens of thousands.
+    return {**CPU_ENGINE_ARGS, "model_path": target, "attention_backend": "triton", "dtype": "float32",
+            "disable_radix_cache": True, "max_mamba_cache_size": 8}  # fmt: skip
+
+
+def generate(engine_args: dict, prompts=PROMPTS, modes=("sequential",)) -> dict:
+    return run_engine_generate(engine_args, prompts, GREEDY, modes=modes, env=EXACT_ENV)
+
+
+@pytest.fixture(scope="module")
+def ar_outputs(models):
+    return generate(exact_engine_args(models["multimodal"]))["sequential"]["output_ids"]
+
+
+def hf_greedy(model_path: str) -> list[list[int]]:
+    import transformers
+
+    arch = transformers.AutoConfig.from_pretrained(model_path).architectures[0]
+    model = getattr(transformers, arch).from_pretrained(model_path, dtype=torch.float32).eval()
+    outputs = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            new_tokens = GREEDY["max_new_tokens"]
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens)  # fmt: skip
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+# pytest-xdist deals the tests out to its two workers in file order: the DDTREE runs, the longest, go first.
+
+
+@pytest.mark.parametrize("budget", [32, 8])
+def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, budget):
+    report = generate(
+        {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
+         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": budget + 1},
+        modes=("sequential", "concurrent"),
+    )  # fmt: skip
+    assert report["scheduler_states"][0]["speculative_algorithm"] == "DDTREE"
+    assert report["scheduler_states"][0]["speculative_num_draft_tokens"] == budget + 1
+    assert report["sequential"]["output_ids"] == ar_outputs
+    assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
+    modes = ("sequential", "concurrent")
+    assert all(meta["spec_verify_ct"] >= 2 for mode in modes for meta in report[mode]["meta_info"])
+    # Otherwise this test could not tell a tree verify from a bonus-only one.
+    assert accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], DRAFT_BLOCK_SIZE) > 0
+
+
+def test_text_only_arch_drafts_from_the_same_target_layers_as_the_multimodal_arch(models, ar_outputs):
+    """SGLang's text-only wrapper cannot capture DFlash features; the plugin's hook gives it the multimodal
+    wrapper's capture. Same language model, so the same drafter features, trees and accepted drafts."""
+
+    def ddtree(arch: str) -> dict:
+        return generate({**exact_engine_args(models[arch]), "speculative_algorithm": "DDTREE",
+                         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 33})  # fmt: skip
+
+    text, multimodal = ddtree("text")["sequential"], ddtree("multimodal")["sequential"]
+    assert text["output_ids"] == multimodal["output_ids"] == ar_outputs
+    histograms = [[m["spec_accept_histogram"] for m in run["meta_info"]] for run in (text, multimodal)]
+    assert histograms[0] == histograms[1] and sum(m["spec_num_correct_drafts"] for m in text["meta_info"]) > 0
+
+
+def test_prefill_delta_rule_reference_matches_sglang_recurrent_kernel():
+    """The shim's plain-torch GDN prefill (SGLang's chunked FLA kernel cannot run on CPU in float32) is the
+    recurrence of SGLang's Triton decode/verify kernel: same outputs and final states, for 3 value heads per key
+    head and two sequences of different lengths starting from non-zero states in scattered slots."""
+    from sgl_kernel.mamba import chunk_gated_delta_rule_cpu
+    from sglang.kernels.ops.attention.fla.fused_gdn_gating import fused_gdn_gating
+    from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
+        fused_sigmoid_gating_delta_rule_update,
+    )
+
+    torch.manual_seed(0)
+    heads, v_heads, dim, lengths = 2, 6, 32, [5, 9]
+    tokens = sum(lengths)
+    cu_seqlens = torch.tensor([0, lengths[0], tokens], dtype=torch.int32)
+    q, k = torch.randn(1, tokens, heads, dim), torch.randn(1, tokens, heads, dim)
+    v = torch.randn(1, tokens, v_heads, dim)
+    a, b = torch.randn(tokens, v_heads), torch.randn(tokens, v_heads)
+    A_log, dt_bias = torch.rand(v_heads), torch.rand(v_heads)
+    states, slots = torch.randn(4, v_heads, dim, dim) * 0.1, torch.tensor([2, 0], dtype=torch.int32)
+
+    kernel_states = states.clone()
+    expected = fused_sigmoid_gating_delta_rule_update(
+        A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=kernel_states,
+        initial_state_indices=slots, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True, softplus_beta=1.0,
+        softplus_threshold=20.0,
+    )  # fmt: skip
+    g, beta = fused_gdn_gating(A_log, a, b, dt_bias)
+    reference_states = states.clone()
+    out, _, _ = chunk_gated_delta_rule_cpu(
+        q, k, v, g, beta, reference_states, cu_seqlens, use_qk_l2norm_in_kernel=True, initial_state_indices=slots
+    )
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(reference_states, kernel_states, rtol=1e-5, atol=1e-5)
+
+
+def test_multimodal_arch_ar_greedy_equals_hf_float32_greedy(models, ar_outputs):
+    assert ar_outputs == hf_greedy(models["multimodal"])
+
+
+def test_plain_torch_model_ops_equal_sglang_triton_kernels():
+    """The shim's qkvz/ba split and output gate compute what SGLang's CUDA-path Triton kernels do, for the head
+    ratios that take the fused split (1, 2 and 4 value heads per key head) and the strided q/gate view."""
+    importlib.import_module("sgl_kernel")  # registers the torch.ops.sgl_kernel ops
+    from sglang.kernels.ops.attention.triton_gdn_fused_proj import (
+        fused_qkvzba_split_reshape_cat_contiguous,
+    )
+    from sglang.kernels.ops.elementwise.elementwise import fused_sigmoid_mul
+
+    ops = torch.ops.sgl_kernel
+    torch.manual_seed(0)
+    for k_heads, v_heads, dim in [(1, 1, 32), (2, 4, 32), (2, 8, 16)]:
+        qkvz, ba = torch.randn(5, 2 * (k_heads + v_heads) * dim), torch.randn(5, 2 * v_heads)
+        ours = ops.fused_qkvzba_split_reshape_cat_contiguous_cpu(qkvz, ba, k_heads, v_heads, dim, dim)
+        theirs = fused_qkvzba_split_reshape_cat_contiguous(qkvz, ba, k_heads, v_heads, dim, dim)
+        assert all(torch.equal(x, y) for x, y in zip(ours, theirs))
+    q_gate = torch.randn(6, 4 * 2 * 64).view(6, 4, 128)[..., 64:]  # the gate halves of interleaved [q_h, gate_h]
+    attn = torch.randn(6, 256)
+    torch.testing.assert_close(
+        ops.fused_sigmoid_mul_cpu(attn.clone(), q_gate, inplace=True), fused_sigmoid_mul(attn.clone(), q_gate)
+    )
+
+
+def test_text_arch_ar_greedy_equals_hf_float32_greedy(models):
+    expected = hf_greedy(models["text"])
+    assert generate(exact_engine_args(models["text"]))["sequential"]["output_ids"] == expected
+
+
+@pytest.mark.parametrize("algorithm", ["NEXTN", "DFLASH"])
+def test_upstream_speculative_greedy_equals_ar_greedy(models, ar_outputs, algorithm):
+    spec_args = {
+        "NEXTN": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
+        "DFLASH": {"speculative_draft_model_path": models["drafter"]},
+    }[algorithm]
+    engine_args = {**exact_engine_args(models["multimodal"]), "speculative_algorithm": algorithm, **spec_args}
+    report = generate(engine_args, PROMPTS[2:])  # the two prompts longer than the drafter's window
+    assert report["sequential"]["output_ids"] == ar_outputs[2:]
+    assert all(meta["spec_verify_ct"] > 0 for meta in report["sequential"]["meta_info"])
