@@ -39,7 +39,9 @@ SGLANG_DFLASH_MAX_RUNNING_REQUESTS = 48
 ASSUMED_MEM_FRACTION_STATIC = 0.85
 # The Qwen hybrids among SGLang 0.5.17's architectures whose prefix cache keeps GDN states with the extra_buffer
 # strategy (arg_groups/overrides.py); the only strategy that runs with overlap scheduling.
-MAMBA_EXTRA_BUFFER_ARCHS = {"Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM"}
+MAMBA_EXTRA_BUFFER_ARCHS = {
+    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3NextForCausalLM",
+}  # fmt: skip
 DEFAULT_MAMBA_TRACK_INTERVAL = 256
 GIB = 1 << 30
 
@@ -229,6 +231,17 @@ def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
     return value
 
 
+def _number_flag(args: Sequence[str], flag: str, kind: type, default):
+    """``flag``'s value in ``args`` as ``kind`` (``default`` when absent); a malformed one is the user's error."""
+    value = _flag_value(args, flag)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        raise LaunchError(f"{flag} must be {'an integer' if kind is int else 'a number'}, got '{value}'") from None
+
+
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
@@ -260,7 +273,7 @@ def _hybrid_target_flags(request: LaunchRequest, target_config: dict, algorithm_
         raise LaunchError(str(e)) from None
     if state is None:
         return []
-    width = int(_flag_value([*algorithm_flags, *request.passthrough], "--speculative-num-draft-tokens") or 1)
+    width = _number_flag([*algorithm_flags, *request.passthrough], "--speculative-num-draft-tokens", int, 1)
     return [*_mamba_cache_flags(request, target_config, width), *_running_requests_flags(request, target_config,
                                                                                           state, width)]  # fmt: skip
 
@@ -286,7 +299,7 @@ def _mamba_cache_flags(request: LaunchRequest, target_config: dict, width: int) 
     arch = (target_config.get("architectures") or [""])[0]
     chosen = strategy or ("extra_buffer" if overlap and arch in MAMBA_EXTRA_BUFFER_ARCHS else None)
     if chosen in ("extra_buffer", "extra_buffer_lazy"):
-        interval = int(_flag_value(passthrough, "--mamba-track-interval") or DEFAULT_MAMBA_TRACK_INTERVAL)
+        interval = _number_flag(passthrough, "--mamba-track-interval", int, DEFAULT_MAMBA_TRACK_INTERVAL)
         if width > interval:
             raise LaunchError(
                 f"{width} verify tokens per request exceed --mamba-track-interval {interval} (the prefix cache "
@@ -307,7 +320,7 @@ def _running_requests_flags(
     weight_bytes = _weight_bytes_per_rank(request, target_config)
     if gpu_bytes is None or weight_bytes is None:
         return []  # SGLang checks after loading the weights
-    fraction = float(_flag_value(request.passthrough, "--mem-fraction-static") or ASSUMED_MEM_FRACTION_STATIC)
+    fraction = _number_flag(request.passthrough, "--mem-fraction-static", float, ASSUMED_MEM_FRACTION_STATIC)
     left = gpu_bytes * fraction - weight_bytes
     fitting = max(r for r in range(SGLANG_DFLASH_MAX_RUNNING_REQUESTS + 1)
                   if r == 0 or state.verify_scratch_bytes(width, r) <= left / 2)  # fmt: skip
@@ -323,10 +336,10 @@ def _running_requests_flags(
             "or the budget"
         )
 
-    requested = _flag_value(request.passthrough, "--max-running-requests")
+    requested = _number_flag(request.passthrough, "--max-running-requests", int, None)
     if requested is not None:
-        if state.verify_scratch_bytes(width, int(requested)) > left:
-            raise refuse(int(requested))
+        if state.verify_scratch_bytes(width, requested) > left:
+            raise refuse(requested)
         return []
     if fitting == 0:
         raise refuse(1)

@@ -354,6 +354,12 @@ def test_running_requests_whose_node_states_cannot_fit_are_refused_with_both_num
                           "50.9 GiB of weights", "at most 6 fit")  # fmt: skip
 
 
+@pytest.mark.parametrize("flag", ["--max-running-requests", "--mem-fraction-static", "--mamba-track-interval"])
+def test_malformed_numbers_the_hybrid_checks_read_are_one_line(hybrid, tmp_path, flag):
+    result = big_dry_run(hybrid, tmp_path, "--algo", "ddtree", flag, "lots")
+    assert_one_line_error(result, f"{flag} must be", "got 'lots'")
+
+
 def test_a_gpu_too_small_for_one_request_is_refused(hybrid, tmp_path):
     result = big_dry_run(hybrid, tmp_path, "--algo", "ddtree", gpu_mib=81559)  # an 80 GB GPU
     assert_one_line_error(result, "with 1 running requests needs", "at most 0 fit")
