@@ -6,6 +6,8 @@
    drafted nodes accepted: tree verify through the GDN layers (each node's conv window and recurrent state
    continue from its parent's), the commit of the accepted path's states and the KV compaction are exact.
 3. Upstream NEXTN (the checkpoint's MTP layer, chain verify) and DFLASH are token-identical to AR greedy too.
+4. The text-only arch drafts from the same target layers (same trees), and at TP=2, with the GDN heads split over
+   the ranks, both ranks build the same trees and the output stays AR's.
 
 Exactness is judged in float32 with the radix cache off. Under the Triton interpreter every kernel program runs in
 Python, so a verify costs about (GDN layers x GDN heads x tree tokens) interpreted loops: ``CPU_SHAPE`` keeps the
@@ -117,6 +119,32 @@ def test_text_only_arch_drafts_from_the_same_target_layers_as_the_multimodal_arc
     assert text["output_ids"] == multimodal["output_ids"] == ar_outputs
     histograms = [[m["spec_accept_histogram"] for m in run["meta_info"]] for run in (text, multimodal)]
     assert histograms[0] == histograms[1] and sum(m["spec_num_correct_drafts"] for m in text["meta_info"]) > 0
+
+
+# GDN key and value heads split over two tensor-parallel ranks (CPU_SHAPE's single heads cannot be).
+TP_SHAPE = HybridShape(
+    hidden_size=64, intermediate_size=128, num_layers=6, full_attention_interval=3, num_heads=2, num_kv_heads=1,
+    linear_num_key_heads=2, linear_num_value_heads=2, linear_head_dim=32,
+)  # fmt: skip
+
+
+def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_path):
+    """TP=2 on a hybrid target: each rank holds half the GDN heads, and the tree (built from the all-gathered
+    top-K) must be the same on both, every step (SGLANG_DDTREE_CHECK_TP_TREES); output equals TP=1 AR."""
+    target = make_qwen35_hybrid_target(str(tmp_path / "qwen35"), TP_SHAPE)
+    drafter = make_swa_dflash_drafter(str(tmp_path / "dflash_swa"), target_num_layers=TP_SHAPE.num_layers,
+                                      hidden_size=TP_SHAPE.hidden_size, vocab_size=VOCAB)  # fmt: skip
+    prompts = PROMPTS[2:]
+    expected = generate(exact_engine_args(target), prompts)["sequential"]["output_ids"]
+    report = run_engine_generate(
+        {**exact_engine_args(target), "tp_size": 2, "speculative_algorithm": "DDTREE",
+         "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": 33},
+        prompts, GREEDY, env={**EXACT_ENV, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1"},
+    )  # fmt: skip
+    assert report["sequential"]["output_ids"] == expected
+    check = report["scheduler_states"][0]["ddtree_tp_tree_check"]
+    assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
+    assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0
 
 
 def test_prefill_delta_rule_reference_matches_sglang_recurrent_kernel():
