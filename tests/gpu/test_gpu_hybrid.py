@@ -40,6 +40,7 @@ pytestmark = pytest.mark.gpu
 
 MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
 BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
+FLASHINFER_ONLY = [b for b in BACKENDS if b == "flashinfer"]  # MTP, DFLASH and the text-only arch
 BUDGET = 16
 CONCURRENT = 16
 NEW_TOKENS = 320
@@ -58,25 +59,35 @@ FLAGS = [
 TARGET, TEXT_TARGET, DRAFTER = f"{MODELS}/qwen35", f"{MODELS}/qwen35_text", f"{MODELS}/dflash_swa"
 DDTREE = ["--algo", "ddtree", "--draft-model-path", DRAFTER, "--budget", str(BUDGET)]
 NO_RADIX = ["--disable-radix-cache"]
-SERVERS = {  # kind: (launcher arguments, environment, backends)
-    "ar": (["--algo", "ar", "--model-path", TARGET, *NO_RADIX], {}, BACKENDS),
-    "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}, BACKENDS),
-    "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], {}, BACKENDS),
-    "ddtree_radix": ([*DDTREE, "--model-path", TARGET], {}, BACKENDS),
-    "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}, ["flashinfer"]),
-    "dflash": (["--algo", "dflash", "--model-path", TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}, ["flashinfer"]),
-    "ddtree_text": ([*DDTREE, "--model-path", TEXT_TARGET, *NO_RADIX], {}, ["flashinfer"]),
-    "dflash_text": (["--algo", "dflash", "--model-path", TEXT_TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {},
-                    ["flashinfer"]),
+SERVERS = {  # kind: (launcher arguments, environment)
+    "ar": (["--algo", "ar", "--model-path", TARGET, *NO_RADIX], {}),
+    "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
+    "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], {}),
+    "ddtree_radix": ([*DDTREE, "--model-path", TARGET], {}),
+    "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}),
+    "dflash": (["--algo", "dflash", "--model-path", TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}),
+    "ddtree_text": ([*DDTREE, "--model-path", TEXT_TARGET, *NO_RADIX], {}),
+    "dflash_text": (["--algo", "dflash", "--model-path", TEXT_TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}),
 }  # fmt: skip
 
 
+def servers_used_by(item: pytest.Item) -> set[tuple[str, str]]:
+    """The (kind, backend) servers one test talks to: its ``servers`` marker's kinds plus its ``kind`` parameter,
+    on its ``backend`` parameter; none for a test skipped for want of a backend (an empty parameter set)."""
+    if item.get_closest_marker("skip"):
+        return set()
+    params = item.callspec.params
+    kinds = set(item.get_closest_marker("servers").args) | ({params["kind"]} if "kind" in params else set())
+    return {(kind, params["backend"]) for kind in kinds}
+
+
 @pytest.fixture(scope="module")
-def servers():
-    """{(kind, backend): url or an error string}; all servers start side by side."""
+def servers(request: pytest.FixtureRequest):
+    """{(kind, backend): url or an error string}; the servers the selected tests use start side by side (a ``-k``
+    run starts only those)."""
 
     def start(stack: ExitStack, kind: str, backend: str):
-        args, env, _ = SERVERS[kind]
+        args, env = SERVERS[kind]
         t0 = time.perf_counter()
         try:
             url = stack.enter_context(launched_server([*args, "--attention-backend", backend, *FLAGS], free_port(),
@@ -86,7 +97,8 @@ def servers():
         record({"test": "hybrid_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
         return (kind, backend), url
 
-    combos = [(kind, backend) for kind, (_, _, backends) in SERVERS.items() for backend in backends if backend in BACKENDS]
+    module_items = [item for item in request.session.items if item.module is request.module]
+    combos = sorted(set().union(*map(servers_used_by, module_items)))
     with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
         yield dict(pool.map(lambda combo: start(stack, *combo), combos))
 
@@ -99,8 +111,9 @@ def url_of(servers, kind: str, backend: str) -> str:
 
 @pytest.fixture(scope="module")
 def ar_outputs(servers):
+    """AR's greedy outputs of ``PROMPTS`` on each backend with an AR server up."""
     return {backend: [o["output_ids"] for o in generate_all(url_of(servers, "ar", backend), PROMPTS, NEW_TOKENS)]
-            for backend in BACKENDS}  # fmt: skip
+            for kind, backend in servers if kind == "ar"}  # fmt: skip
 
 
 def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -> list[dict]:
@@ -119,6 +132,7 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
     return metas
 
 
+@pytest.mark.servers("ar")
 @pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_radix"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
@@ -126,17 +140,22 @@ def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_out
     assert max(len(m["spec_accept_histogram"]) for m in metas) <= 8  # at most one node per drafted depth (block 8)
 
 
+@pytest.mark.servers("ar")
 @pytest.mark.parametrize("kind, algorithm", [("mtp", "EAGLE"), ("dflash", "DFLASH")])
-def test_mtp_and_dflash_serve_the_same_hybrid_target_losslessly(servers, ar_outputs, kind, algorithm):
-    check_greedy(servers, ar_outputs, kind, "flashinfer", algorithm)
+@pytest.mark.parametrize("backend", FLASHINFER_ONLY)
+def test_mtp_and_dflash_serve_the_same_hybrid_target_losslessly(servers, ar_outputs, backend, kind, algorithm):
+    check_greedy(servers, ar_outputs, kind, backend, algorithm)
 
 
+@pytest.mark.servers("ar")
 @pytest.mark.parametrize("kind, algorithm", [("ddtree_text", "DDTREE"), ("dflash_text", "DFLASH")])
-def test_text_only_arch_serves_dflash_family_drafters(servers, ar_outputs, kind, algorithm):
+@pytest.mark.parametrize("backend", FLASHINFER_ONLY)
+def test_text_only_arch_serves_dflash_family_drafters(servers, ar_outputs, backend, kind, algorithm):
     """The text-only checkpoint holds the same language model as the multimodal one: AR's outputs apply."""
-    check_greedy(servers, ar_outputs, kind, "flashinfer", algorithm)
+    check_greedy(servers, ar_outputs, kind, backend, algorithm)
 
 
+@pytest.mark.servers("ddtree_graphs")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend):
     url = url_of(servers, "ddtree_graphs", backend)
@@ -148,6 +167,7 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
 
 
+@pytest.mark.servers("ar", "ddtree_radix")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, backend):
     """A conversation's second turn reuses the first turn's cached prefix (its GDN state restored from an
@@ -167,12 +187,14 @@ def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, ba
     assert_lossless(backend, ar_url, [second_turn], [full["output_ids"]], [hit["output_ids"]], "prefix-cache hit")
 
 
+@pytest.mark.servers("ar", "ddtree_graphs")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend):
     assert_abort_leaves_the_others_lossless(url_of(servers, "ddtree_graphs", backend), url_of(servers, "ar", backend),
                                             backend, PROMPTS, ar_outputs[backend], NEW_TOKENS)  # fmt: skip
 
 
+@pytest.mark.servers("ar", "ddtree_graphs")
 @pytest.mark.parametrize(
     "sampling", [{"temperature": 1.0}, {"temperature": 1.0, "top_p": 0.8}, {"temperature": 1.0, "top_k": 8}],
     ids=["temperature-1", "top-p-0.8", "top-k-8"],
