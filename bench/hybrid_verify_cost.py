@@ -237,6 +237,9 @@ def reclassify_kernels(report: dict, out: Path) -> None:
     for row in report["rows"]:
         for cell in row["cells"].values():
             kernels = cell.get("kernels") or {}
+            stored = Path(kernels.get("trace", "-"))
+            if "traces" in stored.parts:  # a path written on the GPU machine: the part from traces/ on
+                kernels["trace"] = str(Path(*stored.parts[stored.parts.index("traces"):]))
             trace = out / kernels.get("trace", "-")
             if trace.is_file():
                 kernels["kernel_ms"] = kernel_time_by_class(str(trace), kernels["steps"])

@@ -66,6 +66,20 @@ def test_kernel_time_is_split_by_kind_per_step(tmp_path):
     assert [k["class"] for k in cost.top_kernels(str(path), steps=2, count=3)] == ["gemm", "gdn", "attention"]
 
 
+def test_report_only_resplits_a_trace_recorded_under_the_gpu_machines_out_folder(tmp_path):
+    """A report copied off the GPU machine names its traces by that machine's paths; --report-only finds them
+    under its own --out and re-splits them."""
+    trace = tmp_path / "traces" / "mtp" / "bs1" / "t.trace.json.gz"
+    trace.parent.mkdir(parents=True)
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": [{"cat": "kernel", "name": "_causal_conv1d_update_kernel", "dur": 300}]}, f)
+    cell = {"kernels": {"trace": "/tmp/hvc/traces/mtp/bs1/t.trace.json.gz", "steps": 1, "kernel_ms": {}}}
+    report = {"rows": [{"config": "mtp", "cells": {"1": cell}}]}
+    cost.reclassify_kernels(report, tmp_path)
+    assert cell["kernels"]["trace"] == "traces/mtp/bs1/t.trace.json.gz"
+    assert cell["kernels"]["kernel_ms"] == {"gdn": 0.3, "attention": 0.0, "gemm": 0.0, "other": 0.0}
+
+
 def report_with(step_ms: dict[str, dict[int, float]]) -> dict:
     configs = {c.name: c for c in cost.default_configs()}
     rows = []

@@ -107,9 +107,11 @@ def homogeneity_pvalue(first: list[int], second: list[int]) -> float:
     return float(chi2_contingency(table)[1])
 
 
-def sampled_pvalues(ar_url: str, spec_url: str, prompt: list[int], sampling: dict, samples: int, tokens: int) -> list[float]:
+def sampled_pvalues(ar_url: str, spec_url: str, prompt: list[int], sampling: dict, samples: int,
+                    tokens: int) -> tuple[list[float], list[dict]]:  # fmt: skip
     """``samples`` sampled continuations of ``tokens`` tokens from each server; one p-value per position after the
-    first (the first comes from the prefill, the others from speculative verification)."""
+    first (the first comes from the prefill, the others from speculative verification), and per position the
+    token counts of both sides (``{"ar": {token: count}, "spec": {...}}``, for reading a failure)."""
     params = {**sampling, "max_new_tokens": tokens, "ignore_eos": True}
 
     def sample(url: str) -> list[list[int]]:
@@ -117,4 +119,7 @@ def sampled_pvalues(ar_url: str, spec_url: str, prompt: list[int], sampling: dic
         return [o["output_ids"] for o in out]
 
     ar, spec = sample(ar_url), sample(spec_url)
-    return [homogeneity_pvalue([s[i] for s in ar], [s[i] for s in spec]) for i in range(1, tokens)]
+    pvalues = [homogeneity_pvalue([s[i] for s in ar], [s[i] for s in spec]) for i in range(1, tokens)]
+    histograms = [{"ar": dict(Counter(s[i] for s in ar)), "spec": dict(Counter(s[i] for s in spec))}
+                  for i in range(tokens)]  # fmt: skip
+    return pvalues, histograms

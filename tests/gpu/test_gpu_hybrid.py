@@ -43,14 +43,15 @@ BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton")
 FLASHINFER_ONLY = [b for b in BACKENDS if b == "flashinfer"]  # MTP, DFLASH and the text-only arch
 BUDGET = 16
 CONCURRENT = 16
+SERVER_BATCH = 64  # the sampling tests' 8000 requests run 64 at a time
 NEW_TOKENS = 320
 PROMPTS = [[(13 * i + 7 * j) % 60 + 4 for j in range(length)] for i, length in enumerate(range(3, 3 + 7 * CONCURRENT, 7))]
 FLAGS = [
     "--context-length", "2048",
     "--max-total-tokens", "65536",
-    "--max-running-requests", str(CONCURRENT),
-    "--cuda-graph-max-bs", str(CONCURRENT),
-    "--mem-fraction-static", "0.05",
+    "--max-running-requests", str(SERVER_BATCH),
+    "--cuda-graph-max-bs", str(SERVER_BATCH),
+    "--mem-fraction-static", "0.08",  # 0.05 left no KV room when a neighbour allocated during the load
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
     "--skip-tokenizer-init",
@@ -194,16 +195,20 @@ def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend
                                             backend, PROMPTS, ar_outputs[backend], NEW_TOKENS)  # fmt: skip
 
 
-@pytest.mark.servers("ar", "ddtree_graphs")
+@pytest.mark.servers("ar")
 @pytest.mark.parametrize(
     "sampling", [{"temperature": 1.0}, {"temperature": 1.0, "top_p": 0.8}, {"temperature": 1.0, "top_k": 8}],
     ids=["temperature-1", "top-p-0.8", "top-k-8"],
 )
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_sampled_tokens_follow_the_targets_distribution(servers, backend, sampling):
+@pytest.mark.parametrize("backend, kind", [*[(b, "ddtree_graphs") for b in BACKENDS],
+                                           *[(b, "mtp") for b in FLASHINFER_ONLY]])  # fmt: skip
+def test_sampled_tokens_follow_the_targets_distribution(servers, backend, kind, sampling):
     """tests/gpu/test_gpu_ddtree.py's test (8000 samples of 4 tokens, chi-square per position at alpha 1e-3) on
-    the hybrid target: tokens 2-4 come from tree verification through the GDN layers."""
-    pvalues = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, "ddtree_graphs", backend), PROMPTS[3],
-                              sampling, samples=8000, tokens=4)  # fmt: skip
-    record({"test": "hybrid_sampling", "backend": backend, **sampling, "pvalues": pvalues})
+    the hybrid target: tokens 2-4 come from tree verification through the GDN layers. MTP (upstream NEXTN,
+    the same sampled verify kernels on a chain) takes the same test, so a failure shared with the baseline
+    points at SGLang's verify rather than at the tree."""
+    pvalues, histograms = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, kind, backend), PROMPTS[3],
+                                          sampling, samples=8000, tokens=4)  # fmt: skip
+    record({"test": "hybrid_sampling", "backend": backend, "kind": kind, **sampling, "pvalues": pvalues,
+            "histograms": histograms})  # fmt: skip
     assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues
