@@ -10,6 +10,9 @@
 #       machine), prompts from the wheels in .gpu/benchwheels, report in /tmp/demo_pair_side_by_side (add
 #       --resume to continue a sweep cut by the call's time limit) -> $OUT/side_by_side.tgz (one file: the
 #       machine returns at most 8), log $OUT/bench.log
+#   bash tests/gpu/run_demo_pair.sh profile [python -m bench.step_profile arguments ...]
+#       where the step's wall time goes (host and GPU) for AR, DFLASH and DDTree on SmolLM2 with DRAFTER (default:
+#       the shipped drafter), report and server logs -> $OUT/step_profile.tgz (the traces stay on the machine), log $OUT/profile.log
 # Setup as tests/gpu/run_suite.sh (tests/gpu/env.sh); the JIT cache is re-packed into $OUT at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,8 +45,14 @@ case "$phase" in
     rc=${PIPESTATUS[0]}
     tar -czf "$OUT/side_by_side.tgz" -C /tmp demo_pair_side_by_side
     ;;
+  profile)
+    python3 -m bench.step_profile --model-path "$TARGET" --draft-model-path "${DRAFTER:-$SITE/sglang_ddtree/demo_drafter}" \
+      --wheel-dir .gpu/benchwheels --out /tmp/demo_pair_step_profile "$@" 2>&1 | tee "$OUT/profile.log"
+    rc=${PIPESTATUS[0]}
+    tar -czf "$OUT/step_profile.tgz" --exclude=traces -C /tmp demo_pair_step_profile  # traces: too big to return
+    ;;
   *)
-    echo "usage: bash tests/gpu/run_demo_pair.sh {train|bench} [arguments]" >&2
+    echo "usage: bash tests/gpu/run_demo_pair.sh {train|bench|profile} [arguments]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,202 @@
+"""Where a decode step's wall time goes: AR, DFLASH and DDTree at batch 1 and 8, host and GPU.
+
+    python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
+        [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
+        [--trace-steps 8] --out DIR [-- shared SGLang server flags ...]
+
+Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
+a warm-up at that batch size:
+
+1. **untraced step wall**: ``batch`` concurrent greedy requests; per request, decode time over verify steps
+   (TPOT x tau; AR: over its decode steps). This is how long a step really takes.
+2. **GPU phases** of DDTree's step (``SGLANG_DDTREE_PROFILE_STEPS``: CUDA events, no host sync).
+3. **a torch-profiler trace** of ``--trace-steps`` steps (CPU with Python stacks, and GPU), accounted step by
+   step by ``bench.step_trace``: the scheduler's functions, the worker's phases, host time blocked in syncs,
+   kernel and graph launches, GPU busy and idle time.
+
+Writes ``step_profile.json`` (every number, the traces' paths, the commands) and ``step_profile.md`` after
+every configuration; the traces stay under ``DIR/traces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+from bench import step_trace
+from bench.side_by_side import (
+    WARMUP_PROMPTS,
+    RequestRecord,
+    _commit,
+    _device_name,
+    configurations,
+    refused_configuration,
+    run_cell,
+    tokenized_prompts,
+)
+from sglang_ddtree.cli import OneLineArgumentParser, int_list
+from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.serving import launched_server
+
+
+def step_wall_ms(record: RequestRecord) -> Optional[float]:
+    """Decode wall time per step of one request: per verify for speculative ones, per token for AR."""
+    steps = record.verify_ct or record.completion_tokens - 1
+    return 1000 * (record.end - record.first_token) / steps if steps > 0 else None
+
+
+def _post(url: str, payload: dict) -> None:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        response.read()
+
+
+def traced_steps(url: str, config: str, prompts: list[dict], batch: int, max_new_tokens: int, steps: int,
+                 trace_dir: Path) -> dict:  # fmt: skip
+    """Trace the first ``steps`` decode steps of ``batch`` requests and account them (``bench.step_trace``).
+
+    The profiler is armed by stage before the requests are sent: SGLang writes the prefill steps to one trace and
+    starts a second at the first decode batch, so a short generation is not missed and no prefill is counted.
+    """
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    _post(url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": steps, "activities": ["CPU", "GPU"],
+                                   "with_stack": True, "record_shapes": False, "profile_by_stage": True})  # fmt: skip
+    run_cell(url, config, prompts[:batch], 0.0, batch, max_new_tokens)
+    deadline = time.monotonic() + 120
+    while not (traces := sorted(glob.glob(str(trace_dir / "*DECODE*.json*")))) and time.monotonic() < deadline:
+        time.sleep(1)
+    if not traces:
+        return {"error": f"no decode trace written under {trace_dir}"}
+    accounted = step_trace.median_step(step_trace.account_steps(step_trace.load_trace(traces[-1])))
+    return {"trace": traces[-1], **accounted} if accounted else {"error": f"no complete step in {traces[-1]}"}
+
+
+def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: argparse.Namespace,
+                 out: Path, phases: bool) -> dict:  # fmt: skip
+    """Warm up at ``batch``, then the untraced step wall, DDTree's GPU phases and the traced split."""
+    warmup = (prompts * batch)[: max(batch, 2)]
+    run_cell(url, config, warmup, 0.0, batch, 32)
+    before = server_step_profile(url) if phases else None
+    records = run_cell(url, config, prompts[: 2 * batch], 0.0, batch, args.max_new_tokens)
+    after = server_step_profile(url) if phases else None
+    tokens, verifies = sum(r.completion_tokens for r in records), sum(r.verify_ct for r in records)
+    cell = {
+        "config": config, "batch": batch, "requests": len(records),
+        "step_wall_ms": round(statistics.median(w for r in records if (w := step_wall_ms(r)) is not None), 3),
+        "tau": round(tokens / verifies, 3) if verifies else None,
+        "gpu_phase_ms": {p: round(ms, 3) for p, ms in phase_means(before, after).items()} if phases else None,
+    }  # fmt: skip
+    slug = config.replace(" ", "_").replace("=", "")
+    cell["traced"] = traced_steps(url, config, prompts, batch, args.max_new_tokens, args.trace_steps,
+                                  out / "traces" / slug / f"bs{batch}")  # fmt: skip
+    return cell
+
+
+def markdown(report: dict) -> str:
+    meta = report["meta"]
+    lines = [
+        "# Step profile: where a decode step's wall time goes",
+        "",
+        f"{meta['date']} · commit {meta['commit']} · {meta['gpu']} · model {meta['model_path']} · "
+        f"{meta['max_new_tokens']} new tokens, greedy",
+        "",
+        "Untraced: step wall = decode time / steps (median over requests), DDTree's GPU phases from CUDA events. "
+        "Traced (torch profiler, Python stacks on: a slower host): median per scheduler iteration.",
+        "",
+        "| config | bs | tau | step wall ms | GPU phases ms | traced wall ms | GPU busy | GPU idle | host sync | "
+        "launches (graphs) | run_batch | process_batch_result | schedule | other host |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for c in report["cells"]:
+        t = c.get("traced", {})
+        s = t.get("scheduler_ms", {})
+        phases = f"{sum(c['gpu_phase_ms'].values()):.2f}" if c.get("gpu_phase_ms") else "–"
+        if "wall_ms" not in t:
+            lines.append(f"| {c['config']} | {c['batch']} | {c['tau'] or '–'} | {c['step_wall_ms']:.2f} | {phases} | "
+                         f"{t.get('error', '–')} | | | | | | | | |")  # fmt: skip
+            continue
+        other = t["wall_ms"] - s["run_batch"] - s["process_batch_result"] - s["get_next_batch_to_run"]
+        lines.append(
+            f"| {c['config']} | {c['batch']} | {c['tau'] or '–'} | {c['step_wall_ms']:.2f} | {phases} | "
+            f"{t['wall_ms']:.2f} | {t['gpu_busy_ms']:.2f} | {t['gpu_idle_ms']:.2f} | {t['sync_ms']:.2f} | "
+            f"{t['launches']:.0f} ({t['graph_launches']:.0f}) | {s['run_batch']:.2f} | {s['process_batch_result']:.2f} | "
+            f"{s['get_next_batch_to_run']:.2f} | {other:.2f} |"
+        )  # fmt: skip
+    worker_rows = [c for c in report["cells"] if c.get("traced", {}).get("worker_ms")]
+    if worker_rows:
+        lines += ["", "Host ms per step inside the worker (traced):", "",
+                  "| config | bs | " + " | ".join(step_trace.WORKER_FUNCTIONS) + " |",
+                  "|:--|--:|" + "--:|" * len(step_trace.WORKER_FUNCTIONS)]  # fmt: skip
+        for c in worker_rows:
+            w = c["traced"]["worker_ms"]
+            lines.append(f"| {c['config']} | {c['batch']} | "
+                         + " | ".join(f"{w[f]:.2f}" if f in w else "–" for f in step_trace.WORKER_FUNCTIONS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    own, shared = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    parser = OneLineArgumentParser(prog="python -m bench.step_profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--draft-model-path")
+    parser.add_argument("--algos", type=lambda s: s.split(","), default=["ar", "dflash", "ddtree"])
+    parser.add_argument("--budgets", type=int_list, default=[16, 32, 64])
+    parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
+    parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--trace-steps", type=int, default=8)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(own)
+    unknown = sorted(set(args.algos) - {"ar", "mtp", "dflash", "ddtree"})
+    if unknown:
+        parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from ar, mtp, dflash, ddtree")
+    if any(a in args.algos for a in ("dflash", "ddtree")) and not args.draft_model_path:
+        parser.error("dflash and ddtree need --draft-model-path")
+    if not args.batch_sizes or min(args.batch_sizes) < 1 or args.trace_steps < 2 or args.max_new_tokens < 2:
+        parser.error("--batch-sizes take positive integers, --trace-steps and --max-new-tokens at least 2")
+    return args, shared
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    from bench import prompts as prompt_sets
+
+    args, shared = parse_args(sys.argv[1:] if argv is None else argv)
+    configs = configurations(args)
+    refused = refused_configuration(configs, shared)
+    if refused:
+        print(f"python -m bench.step_profile: error: {refused}", file=sys.stderr)
+        sys.exit(2)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [row for name in args.datasets for row in prompt_sets.load([name], args.wheel_dir)]
+    prompts = tokenized_prompts(rows[: 2 * max(args.batch_sizes)], args.model_path)
+    warm = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
+                              for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
+    report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(),
+                       "model_path": args.model_path, "max_new_tokens": args.max_new_tokens, "args": vars(args),
+                       "commands": {}}, "cells": []}  # fmt: skip
+    for config, launch_args in configs.items():
+        report["meta"]["commands"][config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
+        phases = config.startswith("ddtree")
+        log = str(out / f"server_{config.replace(' ', '_')}.log")
+        with launched_server([*launch_args, *shared], log_path=log, env={PROFILE_STEPS_ENV: "1"} if phases else None,
+                             ready_timeout=900) as url:  # fmt: skip
+            run_cell(url, config, warm, 0.0, 1, 32)
+            for batch in args.batch_sizes:
+                report["cells"].append(profile_cell(url, config, prompts, batch, args, out, phases))
+        (out / "step_profile.json").write_text(json.dumps(report, indent=1))
+        (out / "step_profile.md").write_text(markdown(report))
+    print((out / "step_profile.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""``bench.step_trace`` and ``bench.step_profile``: a traced step's wall time is accounted to the scheduler's
+functions, the worker's phases, host syncs, launches and GPU busy/idle time; the bench reports it per cell."""
+
+import gzip
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench import step_profile, step_trace  # noqa: E402
+
+SCHEDULER = "sglang/srt/managers/scheduler.py({line}): {name}"
+WORKER = "sglang_ddtree/ddtree_worker.py({line}): {name}"
+
+
+def python(name: str, ts: float, dur: float, template: str = SCHEDULER, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "python_function", "name": template.format(line=10, name=name), "ts": ts, "dur": dur,
+            "pid": 7, "tid": tid}  # fmt: skip
+
+
+def runtime(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def gpu(ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": "k", "ts": ts, "dur": dur, "pid": 0, "tid": 99}
+
+
+def iteration(t: float) -> list[dict]:
+    """One scheduler iteration of 1000 us starting at ``t``: schedule 100, run_batch 400 (draft 150 with two kernel
+    launches, verify 200 with one graph launch), process_batch_result 300 of which 250 wait on an event, 200 us
+    of loop; on the GPU a 300 us kernel and a 100 us copy that overlaps it by 50 us."""
+    return [
+        python("get_next_batch_to_run", t, 100),
+        python("run_batch", t + 100, 400),
+        python("forward_batch_generation", t + 110, 380, WORKER),
+        python("_draft_block", t + 120, 150, WORKER),
+        runtime("cudaLaunchKernel", t + 130, 10), runtime("cudaLaunchKernel", t + 150, 10),
+        python("run_eagle_verify", t + 280, 200, WORKER),
+        runtime("cudaGraphLaunch", t + 300, 20),
+        python("process_batch_result", t + 500, 300),
+        runtime("cudaEventSynchronize", t + 520, 250),
+        gpu(t + 140, 300), gpu(t + 390, 100, "gpu_memcpy"),
+    ]  # fmt: skip
+
+
+def trace(iterations: int) -> list[dict]:
+    events = [e for i in range(iterations) for e in iteration(1000.0 * i)]
+    events.append(python("run_batch", 1000.0 * iterations + 100, 400))  # the next iteration's start closes the last
+    events.insert(0, python("run_batch", 50.0, 10, tid=2))  # another thread's functions are not the scheduler's
+    return events
+
+
+def test_each_iteration_between_run_batch_starts_is_accounted_to_the_millisecond():
+    steps = step_trace.account_steps(trace(3))
+    assert len(steps) == 3
+    step = steps[1]
+    assert step.wall == pytest.approx(1.0)
+    assert step.scheduler == pytest.approx({"recv_requests": 0.0, "process_input_requests": 0.0,
+                                            "get_next_batch_to_run": 0.1, "run_batch": 0.4,
+                                            "process_batch_result": 0.3, "launch_batch_sample_if_needed": 0.0,
+                                            "loop": 0.2})  # fmt: skip
+    assert sum(step.scheduler.values()) == pytest.approx(step.wall)
+    assert step.worker == pytest.approx({"_draft_block": 0.15, "run_eagle_verify": 0.2})
+    assert (step.launches, step.graph_launches) == (3, 1)
+    assert step.launch == pytest.approx(0.04)
+    assert step.sync == pytest.approx(0.25)
+    assert step.gpu_busy == pytest.approx(0.35)  # 300 + 100 - 50 of overlap
+    assert step.gpu_idle == pytest.approx(0.65)
+    assert step.gpu_by_category == pytest.approx({"kernel": 0.3, "gpu_memcpy": 0.1})
+
+
+def test_a_recursive_function_counts_once_and_a_trace_without_two_run_batches_has_no_step():
+    events = trace(2) + [python("process_batch_result", 520, 100)]  # re-entered inside the outer call
+    assert step_trace.account_steps(events)[0].scheduler["process_batch_result"] == pytest.approx(0.3)
+    assert step_trace.account_steps([python("run_batch", 0, 10)]) == []
+
+
+def test_the_bench_row_is_the_median_step_and_reads_back_from_a_gzipped_trace(tmp_path):
+    events = trace(3)
+    events += [gpu(1000 + 600, 300)]  # iteration 1 gets 300 us more GPU work: the median stays at 0.35
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    row = step_trace.median_step(step_trace.account_steps(step_trace.load_trace(str(path))))
+    assert row["steps"] == 3 and row["wall_ms"] == 1.0 and row["gpu_busy_ms"] == 0.35 and row["sync_ms"] == 0.25
+    assert row["worker_ms"] == {"_draft_block": 0.15, "run_eagle_verify": 0.2}
+
+
+def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
+    accounted = step_trace.median_step(step_trace.account_steps(trace(3)))
+    report = {"meta": {"date": "d", "commit": "c", "gpu": "g", "model_path": "m", "max_new_tokens": 8},
+              "cells": [{"config": "ddtree B=32", "batch": 1, "tau": 2.1, "step_wall_ms": 4.5,
+                         "gpu_phase_ms": {"draft": 1.0, "verify": 3.0}, "traced": accounted},
+                        {"config": "ar", "batch": 8, "tau": None, "step_wall_ms": 1.5, "gpu_phase_ms": None,
+                         "traced": {"error": "no trace written under x"}}]}  # fmt: skip
+    text = step_profile.markdown(report)
+    assert "| ddtree B=32 | 1 | 2.1 | 4.50 | 4.00 | 1.00 | 0.35 | 0.65 | 0.25 | 3 (1) | 0.40 | 0.30 | 0.10 | 0.20 |" in text
+    assert "| ar | 8 | – | 1.50 | – | no trace written under x |" in text
+    assert "| ddtree B=32 | 1 | 0.15 | – | – | 0.20 | – |" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algos", "ar,eagle"], "unknown algorithm(s) eagle"),
+        (["--algos", "ddtree"], "dflash and ddtree need --draft-model-path"),
+        (["--algos", "ar", "--batch-sizes", "0"], "--batch-sizes take positive integers"),
+        (["--algos", "ar", "--trace-steps", "1"], "--trace-steps and --max-new-tokens at least 2"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        step_profile.parse_args(["--model-path", "m", "--out", "o", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_functions(tmp_path):
+    """The function names ``bench.step_trace`` accounts are SGLang 0.5.17's: on a real server's trace each traced
+    iteration is mostly ``run_batch`` (the CPU engine computes synchronously inside it), and the parts add up."""
+    from argparse import Namespace
+
+    from sglang_ddtree.serving import free_port, launched_server
+    from tiny_models import TinyShape, make_qwen3_target
+
+    target = make_qwen3_target(str(tmp_path / "qwen3"), TinyShape(num_layers=2, vocab_size=64))
+    flags = ["--device", "cpu", "--attention-backend", "torch_native", "--mem-fraction-static", "0.3",
+             "--max-total-tokens", "4096", "--disable-cuda-graph"]  # fmt: skip
+    prompts = [{"id": f"p{i}", "dataset": "ids", "input_ids": [5 + i, 6, 7, 8]} for i in range(2)]
+    args = Namespace(max_new_tokens=12, trace_steps=3)
+    with launched_server(["--algo", "ar", "--model-path", target, *flags], free_port()) as url:
+        cell = step_profile.profile_cell(url, "ar", prompts, 1, args, tmp_path / "out", phases=False)
+    assert cell["requests"] == 2 and cell["step_wall_ms"] > 0 and cell["tau"] is None
+    traced = cell["traced"]
+    assert traced["steps"] >= 2, traced
+    parts = traced["scheduler_ms"]
+    assert max(parts, key=parts.get) == "run_batch"
+    assert parts["get_next_batch_to_run"] > 0 and parts["process_batch_result"] > 0 and parts["recv_requests"] > 0
+    for step in step_trace.account_steps(step_trace.load_trace(traced["trace"])):  # decode steps only
+        assert sum(step.scheduler.values()) == pytest.approx(step.wall)
+    assert "DECODE" in traced["trace"]
