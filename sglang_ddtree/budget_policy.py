@@ -1,0 +1,133 @@
+"""``--budget auto``: the verify width that commits the most tokens per second for the running batch.
+
+A best-first DDTree pops its nodes in non-increasing path probability, and a parent always before its children,
+so the first ``w - 1`` popped nodes of the widest tree form the best tree of width ``w`` (root included). Its
+expected committed tokens per request are 1 (the bonus) plus the sum of those nodes' path probabilities (the
+probability that the target accepts the path to each node, if the drafter is calibrated: DDTree's objective).
+One drafter pass therefore prices every captured width at once, with a prefix sum.
+
+The drafter is not calibrated, so the prediction is scaled per width by the ratio of measured to predicted
+accepted drafts (an exponential moving average, online). Step time per (batch size, width) comes from a table
+measured at start-up. The choice maximises ``sum over requests of expected tokens / step time``; width 1 means
+no tree: the bonus token verified alone, at about an AR step's cost, with the drafter re-run every
+``probe_interval`` steps to notice when speculation pays again.
+
+Everything per step runs on the GPU; the chosen width reaches the host through a non-blocking copy that the
+next step reads only once its event has completed, so the decision lags by a step or more but never syncs.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 33, 65)  # verify tokens per request, root included
+
+
+def expected_tokens_per_width(path_logprob: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
+    """``[bs, len(widths)]`` expected committed tokens per request at each width, uncalibrated.
+
+    Args:
+        path_logprob: ``[bs, B]`` float32, the tree's nodes in pop order (padding ``-inf``).
+        widths: ``[W]`` int64 verify widths, each ``<= B + 1``.
+    """
+    probs = torch.nan_to_num(path_logprob.float().exp(), nan=0.0)
+    cumulative = torch.nn.functional.pad(probs.cumsum(dim=1), (1, 0))  # [bs, B + 1]: 0 nodes, 1 node, ...
+    return 1.0 + cumulative.index_select(1, widths - 1)
+
+
+class StepTimeTable:
+    """Step milliseconds per (batch size, width), measured at start-up for the captured batch sizes; a batch
+    size between two captured ones takes the next larger (its graph is the one replayed)."""
+
+    def __init__(self, step_ms: Mapping[tuple[int, int], float], widths: Sequence[int]) -> None:
+        self.batch_sizes = sorted({bs for bs, _ in step_ms})
+        missing = [(bs, w) for bs in self.batch_sizes for w in widths if (bs, w) not in step_ms]
+        if missing:
+            raise ValueError(f"step time table lacks (batch size, width) {missing[:4]}")
+        self.rows = {bs: torch.tensor([step_ms[bs, w] for w in widths], dtype=torch.float32) for bs in self.batch_sizes}
+
+    def row_key(self, batch_size: int) -> int:
+        """The measured batch size whose row applies (the next larger, or the largest)."""
+        return self.batch_sizes[min(bisect.bisect_left(self.batch_sizes, batch_size), len(self.batch_sizes) - 1)]
+
+    def row(self, batch_size: int) -> torch.Tensor:
+        return self.rows[self.row_key(batch_size)]
+
+
+class BudgetPolicy:
+    """Chooses each batch's verify width from the previous trees' path probabilities and measured acceptance.
+
+    Call :meth:`observe` after each verify (GPU work only) and :meth:`width` before the next draft (host, no
+    sync). ``widths`` must be the captured verify widths, ascending, starting at 1.
+    """
+
+    def __init__(
+        self,
+        step_times: StepTimeTable,
+        widths: Sequence[int] = DEFAULT_WIDTHS,
+        device: torch.device | str = "cpu",
+        ema: float = 0.05,
+        probe_interval: int = 16,
+    ) -> None:
+        if list(widths) != sorted(set(widths)) or widths[0] != 1:
+            raise ValueError(f"widths must ascend from 1, got {list(widths)}")
+        self.widths = list(widths)
+        self.device = torch.device(device)
+        self.step_times = step_times
+        self._step_rows = {bs: row.to(self.device) for bs, row in step_times.rows.items()}  # no per-step H2D copy
+        self.ema = ema
+        self.probe_interval = probe_interval
+        self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
+        self.calibration = torch.ones(len(self.widths), device=self.device)  # measured / predicted drafts
+        self._choice_host = torch.zeros(1, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        self._choice_ready: Optional[torch.cuda.Event] = None
+        self._chosen = len(self.widths) - 1  # start wide: the first trees price every width
+        self._steps_at_one = 0
+
+    def width(self) -> int:
+        """The verify width for the next step: the last decision whose copy has landed (never waits)."""
+        if self._choice_ready is None or self._choice_ready.query():
+            self._chosen = int(self._choice_host[0])
+            self._choice_ready = None
+        if self.widths[self._chosen] == 1:
+            self._steps_at_one += 1
+            if self._steps_at_one >= self.probe_interval:  # draft again to re-price the widths
+                self._steps_at_one = 0
+                return self.widths[1]
+        else:
+            self._steps_at_one = 0
+        return self.widths[self._chosen]
+
+    def observe(self, path_logprob: Optional[torch.Tensor], verified_width: int, accepted_nodes: torch.Tensor) -> None:
+        """Fold one verify into the calibration and choose the next width.
+
+        Args:
+            path_logprob: ``[bs, B]`` the verified tree's nodes in pop order, built at the widest budget; None for a
+                step without a tree (width 1), which changes nothing.
+            verified_width: the verify tokens per request of this step (a prefix of that tree).
+            accepted_nodes: ``[bs, D]`` pop-order ids (1..B) of each request's accepted drafts, -1 padding.
+
+        The accepted path of a width-``w`` verify, cut to the nodes of a narrower prefix, is what that prefix would
+        have accepted (a node's ancestors pop before it), so one verify calibrates every width up to ``w``.
+        """
+        if path_logprob is None:
+            return
+        usable = self._width_index[: bisect.bisect_right(self.widths, path_logprob.shape[1] + 1)]  # host-side count
+        predicted = expected_tokens_per_width(path_logprob, usable) - 1.0  # [bs, W'] expected accepted drafts
+        nodes = accepted_nodes.to(self.device)
+        inside = (nodes.unsqueeze(-1) > 0) & (nodes.unsqueeze(-1) < usable.view(1, 1, -1))  # [bs, D, W']
+        ratio = inside.sum(dim=(0, 1)).float() / predicted.sum(dim=0).clamp_min(1e-6)
+        calibrated = (usable > 1) & (usable <= verified_width)
+        current = self.calibration[: len(usable)]
+        self.calibration[: len(usable)] = torch.where(calibrated, torch.lerp(current, ratio.clamp(0.0, 4.0), self.ema),
+                                                      current)  # fmt: skip
+        tokens = 1.0 + predicted * self.calibration[: len(usable)]
+        step_ms = self._step_rows[self.step_times.row_key(path_logprob.shape[0])][: len(usable)]
+        choice = torch.argmax(tokens.sum(dim=0) / step_ms).reshape(1)
+        self._choice_host.copy_(choice, non_blocking=True)
+        if self.device.type == "cuda":
+            self._choice_ready = torch.cuda.Event()
+            self._choice_ready.record()

@@ -1,0 +1,113 @@
+"""``--budget auto``'s policy: one widest tree prices every verify width; the width chosen maximises expected
+committed tokens per second for the batch, calibrated online by what the target accepted, without a host sync."""
+
+import math
+
+import pytest
+import torch
+
+from sglang_ddtree.budget_policy import BudgetPolicy, StepTimeTable, expected_tokens_per_width
+from sglang_ddtree.tree_reference import reference_build_tree
+
+WIDTHS = (1, 2, 4, 8, 16, 33)
+
+
+def table(step_ms) -> StepTimeTable:
+    """``step_ms(bs, width)`` for batch sizes 1, 8 and 16."""
+    return StepTimeTable({(bs, w): step_ms(bs, w) for bs in (1, 8, 16) for w in WIDTHS}, WIDTHS)
+
+
+def tree_of(node_probs: list[list[float]], budget: int = 32) -> torch.Tensor:
+    """``path_logprob [bs, budget]`` with the given path probabilities first (pop order), -inf padding."""
+    out = torch.full((len(node_probs), budget), -math.inf)
+    for b, probs in enumerate(node_probs):
+        out[b, : len(probs)] = torch.log(torch.tensor(probs))
+    return out
+
+
+def no_accepts(bs: int) -> torch.Tensor:
+    return torch.full((bs, 15), -1, dtype=torch.int64)
+
+
+def test_every_prefix_of_a_best_first_pop_order_is_a_tree_with_non_increasing_path_probability():
+    """Why one tree prices every width: the first w - 1 popped nodes hold each one's parent, and no later node is
+    more probable."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 15, 64) * 2
+    top_logprobs, top_tokens = torch.log_softmax(logits, -1).topk(16, dim=-1)
+    parent, _, _, path_logprob = reference_build_tree(top_logprobs, top_tokens, budget=64)
+    assert bool((parent < torch.arange(1, 65).view(1, -1)).all())  # parent id < own id: parents pop first
+    assert bool((path_logprob[:, 1:] <= path_logprob[:, :-1]).all())
+
+
+def test_expected_tokens_are_one_plus_the_prefix_sums_of_path_probabilities():
+    path = tree_of([[0.9, 0.8, 0.5, 0.1], [0.2]], budget=7)
+    got = expected_tokens_per_width(path, torch.tensor([1, 2, 4, 8]))
+    assert torch.allclose(got, torch.tensor([[1.0, 1.9, 3.2, 3.3], [1.0, 1.2, 1.2, 1.2]]))
+
+
+def test_a_confident_drafter_gets_a_wide_tree_and_a_hopeless_one_no_tree():
+    """Step time 1 ms + 0.02 ms per verify token: a 33-wide verify costs 1.64x a bonus-only step."""
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
+    policy.observe(tree_of([[0.95 ** (i + 1) for i in range(32)]]), 33, no_accepts(1))
+    assert policy.width() == 33
+    policy.observe(tree_of([[0.01] * 32]), 1, no_accepts(1))
+    assert policy.width() == 1
+
+
+def test_the_same_trees_get_narrower_as_the_batch_makes_width_expensive():
+    """Verify cost proportional to batch x width (compute-bound at 16 requests): the best width shrinks."""
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.01 * bs * w), WIDTHS)
+    probs = [0.9 ** (i + 1) for i in range(32)]
+    policy.observe(tree_of([probs]), 33, no_accepts(1))
+    alone = policy.width()
+    policy.observe(tree_of([probs] * 16), 33, no_accepts(16))
+    batched = policy.width()
+    assert alone == 33 and batched < alone
+
+
+def test_an_overconfident_drafter_is_calibrated_down_by_what_the_target_accepts():
+    """The drafter claims 0.9 per node, the target accepts one node of the first level: the calibrated
+    prediction falls until no tree pays, and the narrower widths were calibrated by the same verifies."""
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS, ema=0.5)
+    claimed = tree_of([[0.9] * 32])
+    first_node_only = torch.tensor([[1] + [-1] * 14])
+    policy.observe(claimed, 33, first_node_only)
+    assert policy.width() == 33  # one verify is not enough evidence to give up
+    for _ in range(8):
+        policy.observe(claimed, policy.width(), first_node_only)
+    assert policy.width() == 2  # a chain of one draft: it is accepted every time
+    assert policy.calibration[WIDTHS.index(2)].item() == pytest.approx(1 / 0.9, rel=1e-3)
+    assert policy.calibration[WIDTHS.index(33)].item() < 0.1
+
+
+def test_at_width_one_the_drafter_runs_again_every_probe_interval_steps():
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS, probe_interval=4)
+    policy.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))
+    assert [policy.width() for _ in range(8)] == [1, 1, 1, 2, 1, 1, 1, 2]
+
+
+def test_the_host_reads_a_decision_only_once_its_copy_has_landed():
+    class PendingEvent:
+        done = False
+
+        def query(self) -> bool:
+            return self.done
+
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
+    policy.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))
+    assert policy.width() == 1
+    policy.observe(tree_of([[0.95 ** (i + 1) for i in range(32)]]), 1, no_accepts(1))
+    policy._choice_ready = pending = PendingEvent()  # the copy of this decision is still in flight
+    assert policy.width() == 1  # the previous decision, without waiting
+    pending.done = True
+    assert policy.width() == 33
+
+
+def test_a_batch_size_between_measured_ones_uses_the_next_larger_row_and_gaps_are_refused():
+    times = table(lambda bs, w: float(bs * 100 + w))
+    assert times.row(5)[0].item() == 801.0 and times.row(64)[0].item() == 1601.0
+    with pytest.raises(ValueError, match=r"lacks \(batch size, width\) \[\(1, 33\)\]"):
+        StepTimeTable({(1, w): 1.0 for w in WIDTHS[:-1]}, WIDTHS)
+    with pytest.raises(ValueError, match="widths must ascend from 1"):
+        BudgetPolicy(times, (2, 4))
