@@ -246,6 +246,18 @@ def test_build_tree_matches_reference(bs, depth, vocab, budget, style):
         assert torch.equal(g.cpu(), e), name
 
 
+@pytest.mark.parametrize("style", ["peaked", "ties"])
+def test_the_first_nodes_of_a_wide_tree_are_the_tree_a_smaller_budget_builds(style):
+    """What ``--budget auto`` prices and verifies: the first ``b`` popped nodes of the widest tree (top-K of 64 per
+    depth) are exactly the budget-``b`` tree (top-K of ``b``, as ``build_ddtree`` picks), for every captured width."""
+    logits = make_logits(2, 7, 100, style)
+    wide = build_tree(*topk_logprobs(logits.to(DEVICE), 64), 64)
+    for budget in (1, 7, 32):
+        narrow = build_tree(*topk_logprobs(logits.to(DEVICE), budget), budget)
+        for name, w, n in zip(("parent", "token", "depth", "path_logprob"), wide, narrow):
+            assert torch.equal(w[:, :budget].cpu(), n.cpu()), (budget, name)
+
+
 def test_peaked_logits_reach_full_depth():
     """Guards the parametrisation above: the depth-15 cases really build depth-15 paths."""
     _, _, (_, _, depth, _) = reference_tree(1, 15, 1000, 256, "peaked")
