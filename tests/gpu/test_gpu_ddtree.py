@@ -25,7 +25,7 @@ from lossless import (
     assert_abort_leaves_the_others_lossless,
     assert_lossless,
     generate_all,
-    homogeneity_pvalue,
+    sampled_pvalues,
 )
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
@@ -146,18 +146,10 @@ def test_sampled_tokens_follow_the_targets_distribution(servers, backend, sampli
     logits are ~N(0, 1), 0.52 against 0.045 for peakier ones (~N(0, 4)); a verification that fell back to
     greedy moves most of the mass and is always caught.
     """
-    params = {**sampling, "max_new_tokens": SAMPLED_TOKENS, "ignore_eos": True}
-    prompt = PROMPTS[3]
-
-    def sample(kind: str) -> list[list[int]]:
-        out = http_json(url_of(servers, kind, backend) + "/generate",
-                        {"input_ids": [prompt] * SAMPLES, "sampling_params": params}, timeout=900)  # fmt: skip
-        return [o["output_ids"] for o in out]
-
-    ar, ddtree = sample("ar"), sample("ddtree_graphs")
-    pvalues = [homogeneity_pvalue([s[i] for s in ar], [s[i] for s in ddtree]) for i in range(1, SAMPLED_TOKENS)]
+    pvalues, histograms = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, "ddtree_graphs", backend),
+                                          PROMPTS[3], sampling, samples=SAMPLES, tokens=SAMPLED_TOKENS)  # fmt: skip
     record({"test": "ddtree_sampling", "backend": backend, **sampling, "samples": SAMPLES, "pvalues": pvalues,
-            "distinct_tokens": [len({s[i] for s in ar}) for i in range(SAMPLED_TOKENS)]})  # fmt: skip
+            "histograms": histograms})  # fmt: skip
     assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues
 
 
