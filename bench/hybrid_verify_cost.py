@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from bench.provenance import checkout_commit
 from bench.side_by_side import stream_generate
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
@@ -260,7 +261,7 @@ def run(args: argparse.Namespace) -> dict:
     report_path = out / "hybrid_verify_cost.json"
     report = json.loads(report_path.read_text()) if args.resume and report_path.exists() else {"rows": []}
     done = {row["config"] for row in report["rows"]}
-    report["meta"] = {"gpu": _gpu_name(), "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
+    report["meta"] = {"gpu": _gpu_name(), "commit": checkout_commit(), "date": time.strftime("%Y-%m-%d"),
                       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "repeats": args.repeats,
                       "server_flags": SERVER_FLAGS, "attention_backend": args.attention_backend}  # fmt: skip
     t0 = time.perf_counter()
@@ -436,14 +437,6 @@ def _gpu_name() -> str:
                               text=True, timeout=30).stdout.strip().splitlines()[0]  # fmt: skip
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return "unknown GPU"
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=30).stdout.strip() or "?"  # fmt: skip
-    except OSError:
-        return "?"
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from bench.provenance import checkout_commit
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server
@@ -428,7 +429,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                                 for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
     records, ar_top2, commands, step_profiles = resumed(out) if args.resume else ([], {}, {}, [])
     done = {r.config for r in records}
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
             "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
     todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
@@ -469,21 +470,6 @@ def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict, list[dict]]:
     records = [RequestRecord(**r) for r in report["requests"]]
     ar_top2 = {k: [tuple(pair) for pair in v] for k, v in report.get("ar_top2", {}).items()}
     return records, ar_top2, dict(report["meta"].get("commands", {})), list(report.get("step_profiles", []))
-
-
-def _commit() -> str:
-    """The checkout's commit (with ``+dirty`` for uncommitted changes), or ``?`` outside a git checkout."""
-    import subprocess
-
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-    return commit + ("+dirty" if dirty else "")
 
 
 def _device_name() -> str:

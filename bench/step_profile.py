@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Optional
 
 from bench import step_trace
+from bench.provenance import checkout_commit
 from bench.side_by_side import (
     WARMUP_PROMPTS,
     RequestRecord,
-    _commit,
     _device_name,
     configurations,
     refused_configuration,
@@ -181,7 +181,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     prompts = tokenized_prompts(rows[: 2 * max(args.batch_sizes)], args.model_path)
     warm = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
                               for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
-    report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "gpu": _device_name(),
+    report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(),
                        "model_path": args.model_path, "max_new_tokens": args.max_new_tokens, "args": vars(args),
                        "commands": {}}, "cells": []}  # fmt: skip
     for config, launch_args in configs.items():

@@ -145,3 +145,14 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     for step in step_trace.account_steps(step_trace.load_trace(traced["trace"])):  # decode steps only
         assert sum(step.scheduler.values()) == pytest.approx(step.wall)
     assert "DECODE" in traced["trace"]
+
+
+def test_reports_name_the_commit_the_caller_gives_over_what_git_says(monkeypatch):
+    """The GPU machine's copy of .git can name an older commit than the tree it runs."""
+    from bench.provenance import COMMIT_ENV, checkout_commit
+
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    from_git = checkout_commit()
+    assert from_git == "?" or len(from_git.split("+")[0]) >= 7
+    monkeypatch.setenv(COMMIT_ENV, "abc1234")
+    assert checkout_commit() == "abc1234"
