@@ -4,12 +4,15 @@ with a sliding-window DFlash drafter like z-lab's Qwen3.6 drafter.
 
 Used by the CPU tests (through ``conftest.py``) and, as a script, by the GPU suite, which has no model hub:
 ``python tests/tiny_models.py --out DIR`` writes ``DIR/{qwen3,dflash,mtp,qwen3_v64,dflash_v64,qwen35,qwen35_text,
-dflash_swa}``. Weights are seeded, so every machine builds the same models.
+dflash_swa}`` and prints a digest of each model's weights. Weights are seeded; whether two machines (other torch
+or transformers versions) build the same models, their digests say.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -331,7 +334,25 @@ def main() -> None:
     make_qwen35_hybrid_target(os.path.join(args.out, "qwen35"))
     make_qwen35_hybrid_target(os.path.join(args.out, "qwen35_text"), arch="Qwen3_5ForCausalLM")
     make_swa_dflash_drafter(os.path.join(args.out, "dflash_swa"))
-    print(args.out)
+    for name in sorted(os.listdir(args.out)):
+        print(f"{name}: weights {weights_digest(os.path.join(args.out, name))}")
+
+
+def weights_digest(model_dir: str) -> str:
+    """sha256 (first 12 hex digits) of the model's tensors by name, independent of the files' layout; ``none``
+    for a config-only model."""
+    from safetensors.torch import load_file
+
+    tensors = {}
+    for file in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
+        tensors.update(load_file(file))
+    if not tensors:
+        return "none"
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
 if __name__ == "__main__":
