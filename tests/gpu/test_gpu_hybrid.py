@@ -212,3 +212,16 @@ def test_sampled_tokens_follow_the_targets_distribution(servers, backend, kind, 
     record({"test": "hybrid_sampling", "backend": backend, "kind": kind, **sampling, "pvalues": pvalues,
             "histograms": histograms})  # fmt: skip
     assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues
+
+
+@pytest.mark.servers("mtp", "ddtree_graphs")
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0, "top_k": 8}], ids=["top-k-8"])
+@pytest.mark.parametrize("backend", FLASHINFER_ONLY)
+def test_sampled_tokens_follow_the_mtp_baselines_distribution(servers, backend, sampling):
+    """DDTree's sampled tree verify against upstream MTP's chain verify, which runs the same SGLang sampling
+    kernels: where both differ from AR (top-k on flashinfer, RESULTS.md run 29), the tree must add nothing."""
+    pvalues, histograms = sampled_pvalues(url_of(servers, "mtp", backend), url_of(servers, "ddtree_graphs", backend),
+                                          PROMPTS[3], sampling, samples=8000, tokens=4)  # fmt: skip
+    record({"test": "hybrid_sampling_vs_mtp", "backend": backend, **sampling, "pvalues": pvalues,
+            "histograms": histograms})  # fmt: skip
+    assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues
