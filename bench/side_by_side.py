@@ -8,8 +8,9 @@
 Each configuration (one per algorithm; DDTree once per budget) is first checked by the launcher's
 ``--dry-run`` (a configuration it refuses stops the run before anything is measured), then launched in turn
 through ``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``. It is
-warmed up on prompts that are not benchmark prompts, its prefix cache is flushed, and then every
-(temperature, concurrency) cell sends the same prompts through streaming ``/generate``. MT-Bench prompts
+warmed up on prompts that are not benchmark prompts, and then every (temperature, concurrency) cell, after a
+warm-up of its own batch shape and a flush of the prefix cache, sends the same prompts through streaming
+``/generate``. MT-Bench prompts
 go through the model's chat template; HumanEval prompts are raw completion prompts.
 
 Per request: TTFT, TPOT, decode tok/s (tokens after the first / time after the first), end-to-end tok/s,
@@ -447,6 +448,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
                 for temperature, concurrency in cells:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
+                    warm_up_cell(url, config, warmup, temperature, concurrency)
                     before = server_step_profile(url) if profile else None
                     records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens)
                     if before is not None:
@@ -458,6 +460,15 @@ def main(argv: Optional[list[str]] = None) -> None:
             # After every configuration, so that a run cut short (or resumed later) keeps what it measured.
             write_report(out, meta, records, ar_top2, step_profiles)
     print((out / "side_by_side.md").read_text())
+
+
+def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, concurrency: int) -> None:
+    """Run the cell's batch shape once on warm-up prompts before it is measured (one-time costs of a new batch
+    size: graph selection, allocator growth, JIT of a kernel variant, land here and not in the first measured
+    requests), then flush the prefix cache, so that every cell starts from the same cache state."""
+    batch = [warmup[i % len(warmup)] for i in range(max(concurrency, len(warmup)))]
+    run_cell(url, config, batch, temperature, concurrency, 32)
+    urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=60)
 
 
 def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict, list[dict]]:

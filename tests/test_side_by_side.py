@@ -209,3 +209,34 @@ def test_ddtree_step_phases_are_reported_per_cell(tmp_path):
         tmp_path / "side_by_side.md").read_text()
     args, _ = side_by_side.parse_args(["--model-path", "m", "--draft-model-path", "d", "--out", "o", "--profile-steps"])
     assert args.profile_steps
+
+
+def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_it_is_measured(tmp_path, monkeypatch):
+    """One-time costs of a batch shape (a first concurrency-8 cell once took 1.08 s to its first token) fall in
+    an unmeasured warm-up of that shape; every cell then starts from a flushed prefix cache."""
+    import contextlib
+
+    from bench import prompts as prompt_sets
+
+    calls = []
+    monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
+    monkeypatch.setattr(prompt_sets, "load", lambda names, wheel_dir: [{"id": "p", "dataset": names[0], "prompt": "x"}])
+    monkeypatch.setattr(side_by_side, "tokenized_prompts",
+                        lambda rows, path: [{**r, "input_ids": [1, 2]} for r in rows])  # fmt: skip
+    monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
+    monkeypatch.setattr(side_by_side, "ar_top2_logprobs", lambda url, prompts, n: {})
+    monkeypatch.setattr(side_by_side.urllib.request, "urlopen", lambda request, timeout: calls.append("flush"))
+
+    def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens):
+        kind = "warm-up" if prompts[0]["dataset"] == "warmup" else "measure"
+        calls.append((kind, temperature, concurrency, len(prompts)))
+        return []
+
+    monkeypatch.setattr(side_by_side, "run_cell", fake_run_cell)
+    monkeypatch.setattr(side_by_side, "write_report", lambda *a: (tmp_path / "side_by_side.md").write_text(""))
+    side_by_side.main(["--model-path", "m", "--algos", "ar", "--concurrency", "1,8", "--temperatures", "0,1",
+                       "--datasets", "mt_bench", "--out", str(tmp_path)])  # fmt: skip
+    assert calls[:2] == [("warm-up", 0.0, 1, 2), "flush"]  # the server's first warm-up, at concurrency 1
+    cells = calls[2:]
+    assert cells == [step for t, c in [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 8)]
+                     for step in [("warm-up", t, c, max(c, 2)), "flush", ("measure", t, c, 1)]]  # fmt: skip
