@@ -17,7 +17,7 @@ import logging
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from sglang_ddtree import DDTREE_DEFAULT_BUDGET
+from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET
 
 logger = logging.getLogger(__name__)
 
@@ -105,3 +105,18 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
         server_args.speculative_num_steps = block_size - 1
         server_args.speculative_eagle_topk = TREE_MODE_TOPK
         logger.info("DDTREE: budget %d tree nodes, drafter block size %d", tree_width - 1, block_size)
+
+
+def reserve_row_headroom_for_two_trees(original, server_args: ServerArgs) -> int:
+    """AROUND ``allocation_sizing.get_req_to_token_extra_context_len``: room in each request's ``req_to_token``
+    row for the KV slots DFlash's decode reservation hands out.
+
+    DFlash's ``prepare_for_decode`` reserves ``committed + 2 * N`` slots per request (N = the verify width; the
+    2x absorbs overlap scheduling's lag), but SGLang sizes the rows ``context + 4 + N``: with a tree of 9 or more
+    nodes a request near the context limit reserves past its row, which the CPU engine refuses and a GPU kernel
+    writes into the next request's row. DDTREE rows get ``context + 4 + 2 * N``.
+    """
+    extra = original(server_args)
+    if server_args.speculative_algorithm == DDTREE_ALGORITHM_NAME and server_args.speculative_num_draft_tokens:
+        extra = max(extra, 4 + 2 * int(server_args.speculative_num_draft_tokens))
+    return extra

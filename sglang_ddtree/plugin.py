@@ -23,6 +23,7 @@ _DUMMY_VERIFY_INPUT = "sglang.srt.speculative.spec_info.create_dummy_verify_inpu
 _AUX_HIDDEN_CAPTURE = (
     "sglang.srt.model_executor.model_runner_components.attention_backend_setup.configure_aux_hidden_state_capture"
 )
+_REQ_TO_TOKEN_HEADROOM = "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len"
 _registered = False
 
 
@@ -70,7 +71,7 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ddtree import ddtree_cuda_graph, hybrid_targets
+    from sglang_ddtree import ddtree_cuda_graph, ddtree_spec, hybrid_targets
 
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
     HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
@@ -81,6 +82,7 @@ def register() -> None:
     HookRegistry.register(
         _AUX_HIDDEN_CAPTURE, hybrid_targets.capture_dflash_layers_of_text_only_qwen35, HookType.AROUND
     )
+    HookRegistry.register(_REQ_TO_TOKEN_HEADROOM, ddtree_spec.reserve_row_headroom_for_two_trees, HookType.AROUND)
     if ddtree_cuda_graph.graph_verify_check_requested():
         HookRegistry.register(
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND

@@ -4,22 +4,35 @@ import json
 import sys
 
 
+def generate_or_refusal(engine, input_ids: list[int], sampling_params: dict):
+    """One request's output, or ``{"error": message}`` when the engine refuses it (the message SGLang gives)."""
+    try:
+        return engine.generate(input_ids=input_ids, sampling_params=sampling_params)
+    except ValueError as e:
+        return {"error": str(e), "output_ids": None, "meta_info": {"finish_reason": None}}
+
+
 def main() -> None:
     import sglang
 
     request = json.loads(sys.argv[1])
-    engine = sglang.Engine(skip_tokenizer_init=True, **request["engine_args"])
+    engine = sglang.Engine(**{"skip_tokenizer_init": True, **request["engine_args"]})
     try:
         prompts, params = request["input_ids"], request["sampling_params"]
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)  # one dict each, or shared
         report = {}
         for mode in request["modes"]:
             if mode == "concurrent":  # one batch: the scheduler runs the requests together
-                outputs = engine.generate(input_ids=prompts[: request["concurrent_requests"]], sampling_params=params)
+                count = request["concurrent_requests"]
+                outputs = engine.generate(input_ids=prompts[:count], sampling_params=per_prompt[:count])
             else:
-                outputs = [engine.generate(input_ids=ids, sampling_params=params) for ids in prompts]
+                outputs = [generate_or_refusal(engine, ids, p) for ids, p in zip(prompts, per_prompt)]
+            outputs = [o if isinstance(o, list) else [o] for o in outputs]  # n > 1: the n choices of one prompt
             report[mode] = {
-                "output_ids": [o["output_ids"] for o in outputs],
-                "meta_info": [o["meta_info"] for o in outputs],
+                "output_ids": [[c["output_ids"] for c in o] if len(o) > 1 else o[0]["output_ids"] for o in outputs],
+                "meta_info": [[c["meta_info"] for c in o] if len(o) > 1 else o[0]["meta_info"] for o in outputs],
+                "text": [[c.get("text") for c in o] if len(o) > 1 else o[0].get("text") for o in outputs],
+                "error": [o[0].get("error") for o in outputs],
             }
         report["scheduler_states"] = engine.get_server_info()["internal_states"]
     finally:

@@ -30,14 +30,15 @@ CPU_ENGINE_ARGS = {
 def run_engine_generate(
     engine_args: dict[str, Any],
     input_ids: list[list[int]],
-    sampling_params: dict[str, Any],
+    sampling_params: dict[str, Any] | list[dict[str, Any]],
     modes: tuple[str, ...] = ("sequential",),
     timeout: float = 900,
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``sglang.Engine(**engine_args).generate(...)`` in a fresh process and return its JSON report.
 
-    ``modes``: "sequential" sends the prompts one at a time, "concurrent" sends the first
+    ``sampling_params``: one dict for every prompt, or one per prompt. ``modes``: "sequential" sends the prompts
+    one at a time, "concurrent" sends the first
     ``CONCURRENT_REQUESTS`` as one batch; the report has
     ``{mode: {"output_ids": [...], "meta_info": [...]}}`` and the schedulers' ``internal_states``.
 

@@ -82,3 +82,21 @@ def test_drafter_saved_in_float32_beside_a_bfloat16_target_is_loaded_in_bfloat16
         assert json.load(f)["dtype"] == "float32"
     assert server_args((str(bf16_target), drafter), "--disable-cuda-graph").dtype == "bfloat16"
     assert server_args((str(bf16_target), drafter), "--disable-cuda-graph", "--dtype", "float16").dtype == "float16"
+
+
+def test_ddtree_request_rows_hold_dflashs_two_step_reservation():
+    """DFlash's decode reservation is committed + 2N slots per request; SGLang's rows hold context + 4 + N. A
+    DDTREE row gets 4 + 2N beyond the context (tests/test_ddtree_edge_cases_cpu.py's context-limit case crashed
+    the scheduler without it); other algorithms keep SGLang's own headroom."""
+    from types import SimpleNamespace
+
+    from sglang_ddtree.ddtree_spec import reserve_row_headroom_for_two_trees
+
+    def sglang_headroom(args):
+        return 4 + args.speculative_num_draft_tokens
+
+    ddtree = SimpleNamespace(speculative_algorithm="DDTREE", speculative_num_draft_tokens=33)
+    dflash = SimpleNamespace(speculative_algorithm="DFLASH", speculative_num_draft_tokens=16)
+    assert reserve_row_headroom_for_two_trees(sglang_headroom, ddtree) == 4 + 2 * 33
+    assert reserve_row_headroom_for_two_trees(sglang_headroom, dflash) == 4 + 16
+    assert reserve_row_headroom_for_two_trees(lambda args: 200, ddtree) == 200  # never less than SGLang's

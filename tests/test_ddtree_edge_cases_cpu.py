@@ -1,0 +1,140 @@
+"""Where a tree can go wrong silently: a verify accepts up to block - 1 drafted tokens at once, so a stop, an EOS or
+a length limit can fall inside an accepted path. Each case is served by DDTREE and by AR on SGLang's float32 CPU
+engine and must give the same tokens, text and finish reason.
+
+The target's EOS is set to a token that one greedy continuation first reaches a few tokens in, and the stops are
+taken from the continuations too, so each lands where a tree with accepted drafts may be mid-path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from support import CPU_ENGINE_ARGS, run_engine_generate
+from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
+
+pytestmark = pytest.mark.slow
+
+VOCAB, LAYERS, BLOCK, BUDGET, CONTEXT = 64, 4, 4, 8, 48
+PROMPTS = [[(7 * i + 3 * j) % (VOCAB - 4) + 4 for j in range(length)] for i, length in enumerate([1, 3, 6, 9, 14, 20, 29, 37])]
+CONTINUATION = 16
+LONG_PROMPT = [(5 * j) % 60 + 4 for j in range(CONTEXT)]
+INPUT_LIMIT = CONTEXT - 7  # SGLang's longest prompt at this context length (it refuses 47 tokens: limit 42)
+
+
+def hf_greedy(model_dir: str, prompt: list[int], tokens: int) -> list[int]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def fresh_token(continuations: list[list[int]], position: int, minimum: int = 4, avoid: int = -1) -> tuple[int, int]:
+    """``(prompt index, token)``: the first continuation (one without the token ``avoid``) with a token id >=
+    ``minimum`` that first occurs at an index >= ``position``."""
+    for prompt, continuation in enumerate(continuations):
+        for index in range(position, len(continuation)):
+            token = continuation[index]
+            if avoid not in continuation and token >= minimum and token not in continuation[:index]:
+                return prompt, token
+    raise AssertionError(f"no continuation has a fresh token at or after position {position}: {continuations}")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The models (the target's EOS moved onto a token of a greedy continuation) and the cases."""
+    root = tmp_path_factory.mktemp("edge_models")
+    target = make_qwen3_target(str(root / "qwen3"), TinyShape(num_layers=LAYERS, vocab_size=VOCAB))
+    drafter = make_dflash_drafter(str(root / "dflash"), target_num_layers=LAYERS, block_size=BLOCK,
+                                  shape=TinyShape(num_layers=1, vocab_size=VOCAB), target_layer_ids=[0, 2])  # fmt: skip
+    continuations = [hf_greedy(target, p, CONTINUATION) for p in PROMPTS]
+    eos_prompt, eos = fresh_token(continuations, 3)
+    for name in ("config.json", "generation_config.json"):
+        path = os.path.join(target, name)
+        with open(path) as f:
+            config = json.load(f)
+        with open(path, "w") as f:
+            json.dump({**config, "eos_token_id": eos}, f)
+    stop_prompt, stop_id = fresh_token(continuations, 4, avoid=eos)  # stop ids act only with ignore_eos off
+    word_prompt, stop_word = fresh_token(continuations, 4, minimum=10)  # "t10".."t63": no word prefixes another
+    greedy = {"temperature": 0.0, "max_new_tokens": CONTINUATION}
+    ignore_eos = {**greedy, "ignore_eos": True}
+    cases = {
+        "max_new_tokens=1": (PROMPTS[1], {**ignore_eos, "max_new_tokens": 1}),
+        "max_new_tokens=2": (PROMPTS[1], {**ignore_eos, "max_new_tokens": 2}),
+        "max_new_tokens=3": (PROMPTS[1], {**ignore_eos, "max_new_tokens": 3}),
+        "eos": (PROMPTS[eos_prompt], greedy),
+        "eos ignored": (PROMPTS[eos_prompt], ignore_eos),
+        "stop_token_ids": (PROMPTS[stop_prompt], {**greedy, "stop_token_ids": [stop_id]}),
+        "stop string": (PROMPTS[word_prompt], {**ignore_eos, "stop": [f"t{stop_word}"]}),
+        "min_new_tokens past a stop": (PROMPTS[stop_prompt], {**greedy, "stop_token_ids": [stop_id],
+                                                              "min_new_tokens": 14}),  # fmt: skip
+        "n=2": (PROMPTS[1], {**ignore_eos, "n": 2}),
+        # Up to the last position the context holds, where a tree's deeper nodes would lie past it (this crashed the
+        # DDTREE scheduler until its req_to_token rows got room for DFlash's 2N-slot reservation).
+        "into the context limit": (PROMPTS[7], {**ignore_eos, "max_new_tokens": CONTEXT - len(PROMPTS[7])}),
+        "prompt of context length - 1": (LONG_PROMPT[: CONTEXT - 1], {**ignore_eos, "max_new_tokens": 1}),
+        "prompt at the input limit": (LONG_PROMPT[:INPUT_LIMIT], {**ignore_eos, "max_new_tokens": CONTEXT - INPUT_LIMIT}),
+    }
+    return target, drafter, cases
+
+
+def engine_args(target: str) -> dict:
+    return {**CPU_ENGINE_ARGS, "model_path": target, "attention_backend": "triton", "dtype": "float32",
+            "disable_radix_cache": True, "context_length": CONTEXT, "skip_tokenizer_init": False}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(setup):
+    """{algorithm: {case: (output_ids, text, finish_reason, refusal, meta_info)}} from one AR and one DDTREE
+    engine."""
+    target, drafter, cases = setup
+    prompts, params = [ids for ids, _ in cases.values()], [p for _, p in cases.values()]
+    runs = {
+        "AR": engine_args(target),
+        "DDTREE": {**engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+                   "speculative_num_draft_tokens": BUDGET + 1},  # fmt: skip
+    }
+    out = {}
+    for algorithm, args in runs.items():
+        report = run_engine_generate(args, prompts, params)["sequential"]
+        out[algorithm] = {
+            case: (ids, text, meta["finish_reason"] if isinstance(meta, dict) else [m["finish_reason"] for m in meta],
+                   error, meta)
+            for case, ids, text, error, meta in zip(cases, report["output_ids"], report["text"], report["error"],
+                                                    report["meta_info"])
+        }  # fmt: skip
+    return out
+
+
+CASES = ["max_new_tokens=1", "max_new_tokens=2", "max_new_tokens=3", "eos", "eos ignored", "stop_token_ids",
+         "stop string", "min_new_tokens past a stop", "n=2", "into the context limit", "prompt of context length - 1",
+         "prompt at the input limit"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_ddtree_serves_the_edge_case_exactly_as_ar(served, case):
+    """Same tokens, text and finish reason, or the same refusal."""
+    assert served["DDTREE"][case][:4] == served["AR"][case][:4]
+
+
+def test_the_cases_exercise_what_they_name(setup, served):
+    """The stops and the EOS really end the generations early, and the tree accepted drafts on the way."""
+    _, _, cases = setup
+    ar = served["AR"]
+    assert [len(ar[f"max_new_tokens={n}"][0]) for n in (1, 2, 3)] == [1, 2, 3]
+    assert len(ar["eos"][0]) < CONTINUATION  # ends at the EOS
+    assert len(ar["eos ignored"][0]) == CONTINUATION
+    assert len(ar["stop_token_ids"][0]) < CONTINUATION and len(ar["stop string"][0]) < CONTINUATION
+    assert len(ar["min_new_tokens past a stop"][0]) > len(ar["stop_token_ids"][0])
+    assert len(ar["into the context limit"][0]) < CONTEXT - len(PROMPTS[7])  # cut by the context limit
+    assert ar["prompt of context length - 1"][3] and not ar["prompt at the input limit"][3]  # refused / served
+    ddtree_meta = [served["DDTREE"][c][4] for c in ("eos", "stop_token_ids", "stop string", "into the context limit")]
+    assert sum(m["spec_num_correct_drafts"] for m in ddtree_meta) > 0
