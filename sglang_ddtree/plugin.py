@@ -24,6 +24,7 @@ _AUX_HIDDEN_CAPTURE = (
     "sglang.srt.model_executor.model_runner_components.attention_backend_setup.configure_aux_hidden_state_capture"
 )
 _REQ_TO_TOKEN_HEADROOM = "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len"
+_DFLASH_REQUEST_CHECK = "sglang.srt.speculative.dflash_utils.validate_dflash_request"
 _registered = False
 
 
@@ -71,7 +72,7 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ddtree import ddtree_cuda_graph, ddtree_spec, hybrid_targets
+    from sglang_ddtree import ddtree_cuda_graph, ddtree_requests, ddtree_spec, hybrid_targets
 
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
     HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
@@ -83,6 +84,7 @@ def register() -> None:
         _AUX_HIDDEN_CAPTURE, hybrid_targets.capture_dflash_layers_of_text_only_qwen35, HookType.AROUND
     )
     HookRegistry.register(_REQ_TO_TOKEN_HEADROOM, ddtree_spec.reserve_row_headroom_for_two_trees, HookType.AROUND)
+    HookRegistry.register(_DFLASH_REQUEST_CHECK, ddtree_requests.refuse_what_ddtree_cannot_serve, HookType.AROUND)
     if ddtree_cuda_graph.graph_verify_check_requested():
         HookRegistry.register(
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND

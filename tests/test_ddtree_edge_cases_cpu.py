@@ -22,6 +22,7 @@ pytestmark = pytest.mark.slow
 VOCAB, LAYERS, BLOCK, BUDGET, CONTEXT = 64, 4, 4, 8, 48
 PROMPTS = [[(7 * i + 3 * j) % (VOCAB - 4) + 4 for j in range(length)] for i, length in enumerate([1, 3, 6, 9, 14, 20, 29, 37])]
 CONTINUATION = 16
+PENALTIES = [("frequency_penalty", 0.5), ("presence_penalty", 0.5), ("repetition_penalty", 1.3)]
 LONG_PROMPT = [(5 * j) % 60 + 4 for j in range(CONTEXT)]
 INPUT_LIMIT = CONTEXT - 7  # SGLang's longest prompt at this context length (it refuses 47 tokens: limit 42)
 
@@ -82,6 +83,7 @@ def setup(tmp_path_factory):
         "into the context limit": (PROMPTS[7], {**ignore_eos, "max_new_tokens": CONTEXT - len(PROMPTS[7])}),
         "prompt of context length - 1": (LONG_PROMPT[: CONTEXT - 1], {**ignore_eos, "max_new_tokens": 1}),
         "prompt at the input limit": (LONG_PROMPT[:INPUT_LIMIT], {**ignore_eos, "max_new_tokens": CONTEXT - INPUT_LIMIT}),
+        **{f"{name} {value}": (PROMPTS[4], {**ignore_eos, name: value}) for name, value in PENALTIES},
     }
     return target, drafter, cases
 
@@ -123,6 +125,16 @@ CASES = ["max_new_tokens=1", "max_new_tokens=2", "max_new_tokens=3", "eos", "eos
 def test_ddtree_serves_the_edge_case_exactly_as_ar(served, case):
     """Same tokens, text and finish reason, or the same refusal."""
     assert served["DDTREE"][case][:4] == served["AR"][case][:4]
+
+
+@pytest.mark.parametrize("name, value", PENALTIES)
+def test_a_penalty_is_refused_by_ddtree_with_the_reason_and_served_by_ar(served, name, value):
+    """A tree verify cannot apply penalties along its drafted path (served, DDTREE ignored them: its greedy output
+    was the unpenalised one), so DDTREE refuses them in words rather than serving something else."""
+    ar_ids, _, _, ar_error, _ = served["AR"][f"{name} {value}"]
+    ids, _, _, error, _ = served["DDTREE"][f"{name} {value}"]
+    assert ar_error is None and len(ar_ids) == CONTINUATION
+    assert ids is None and error.startswith(f"DDTREE speculative decoding does not support {name}")
 
 
 def test_the_cases_exercise_what_they_name(setup, served):

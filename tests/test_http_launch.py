@@ -114,12 +114,16 @@ def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp
         status, body = http_error(
             url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}, "return_logprob": True}
         )
-        assert status == 400 and "does not support return_logprob" in json.loads(body)["error"]["message"]
+        assert status == 400
+        assert "DDTREE speculative decoding does not support return_logprob" in json.loads(body)["error"]["message"]
         status, body = http_error(
             url + "/v1/chat/completions",
             {"model": "default", "messages": [{"role": "user", "content": "t9"}], "max_tokens": 4, "logprobs": True},
         )
-        assert status == 400 and "return_logprob" in body
+        assert status == 400 and "DDTREE speculative decoding does not support return_logprob" in body
+        status, body = http_error(url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+            "max_new_tokens": 4, "repetition_penalty": 1.2}})  # fmt: skip
+        assert status == 400 and "DDTREE speculative decoding does not support repetition_penalty" in body
 
         info = http_json(url + "/server_info")["internal_states"][0]
         assert info["speculative_algorithm"] == "DDTREE" and info["speculative_num_draft_tokens"] == budget + 1
