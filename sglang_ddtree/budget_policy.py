@@ -83,15 +83,16 @@ class BudgetPolicy:
         self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
         self.calibration = torch.ones(len(self.widths), device=self.device)  # measured / predicted drafts
         self._choice_host = torch.zeros(1, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        self._choice_ready: Optional[torch.cuda.Event] = None
+        self._choice_ready: Optional[torch.cuda.Event] = None  # the copy of the newest decision (CUDA only)
+        self._choice_unread = False  # a decision was copied since width() last took one
         self._chosen = len(self.widths) - 1  # start wide: the first trees price every width
         self._steps_at_one = 0
 
     def width(self) -> int:
         """The verify width for the next step: the last decision whose copy has landed (never waits)."""
-        if self._choice_ready is None or self._choice_ready.query():
+        if self._choice_unread and (self._choice_ready is None or self._choice_ready.query()):
             self._chosen = int(self._choice_host[0])
-            self._choice_ready = None
+            self._choice_unread, self._choice_ready = False, None
         if self.widths[self._chosen] == 1:
             self._steps_at_one += 1
             if self._steps_at_one >= self.probe_interval:  # draft again to re-price the widths
@@ -128,6 +129,7 @@ class BudgetPolicy:
         step_ms = self._step_rows[self.step_times.row_key(path_logprob.shape[0])][: len(usable)]
         choice = torch.argmax(tokens.sum(dim=0) / step_ms).reshape(1)
         self._choice_host.copy_(choice, non_blocking=True)
+        self._choice_unread = True
         if self.device.type == "cuda":
             self._choice_ready = torch.cuda.Event()
             self._choice_ready.record()

@@ -87,6 +87,11 @@ def test_at_width_one_the_drafter_runs_again_every_probe_interval_steps():
     assert [policy.width() for _ in range(8)] == [1, 1, 1, 2, 1, 1, 1, 2]
 
 
+def test_before_any_tree_the_policy_verifies_the_widest_so_the_first_tree_prices_every_width():
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
+    assert [policy.width() for _ in range(3)] == [33, 33, 33]
+
+
 def test_the_host_reads_a_decision_only_once_its_copy_has_landed():
     class PendingEvent:
         done = False
