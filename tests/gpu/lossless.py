@@ -10,6 +10,7 @@ CPU suites' test (tests/test_ddtree_cpu.py, tests/test_hybrid_cpu.py).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import urllib.error
@@ -123,3 +124,45 @@ def sampled_pvalues(ar_url: str, spec_url: str, prompt: list[int], sampling: dic
     histograms = [{"ar": dict(Counter(s[i] for s in ar)), "spec": dict(Counter(s[i] for s in spec))}
                   for i in range(tokens)]  # fmt: skip
     return pvalues, histograms
+
+
+def top_logprobs_after(ar_url: str, context: list[int], count: int) -> list[tuple[float, int]]:
+    """AR's ``count`` largest next-token log-probabilities after ``context``, as (logprob, token), largest first."""
+    out = generate(ar_url, context, 1, return_logprob=True, top_logprobs_num=count)
+    return sorted(((lp, token) for lp, token, *_ in out["meta_info"]["output_top_logprobs"][0]), reverse=True)
+
+
+def top_k_renormalised(ranked: list[tuple[float, int]], k: int, keep_ties: bool) -> dict[int, float]:
+    """Top-k of one row: exactly the ``k`` first of ``ranked``, or (``keep_ties``) every token whose logprob is at
+    least the k-th's, as SGLang's ``top_k_renorm_prob`` keeps them; renormalised."""
+    kept = [entry for entry in ranked if entry[0] >= ranked[k - 1][0]] if keep_ties else ranked[:k]
+    assert len(kept) < len(ranked), "too few logprobs asked for to see the top-k boundary"
+    total = sum(math.exp(lp) for lp, _ in kept)
+    return {token: math.exp(lp) / total for lp, token in kept}
+
+
+def second_token_marginal(ar_url: str, prompt: list[int], k: int, keep_ties: bool) -> tuple[dict[int, float], int]:
+    """The second sampled token's distribution under top-k sampling: the first from the prefill's exact top-k
+    (every algorithm samples it with the server's sampler), the second under the given tie rule; and how many
+    of the first token's contexts have a tie at their k-th logprob."""
+    marginal: dict[int, float] = Counter()
+    tied = 0
+    for first, p_first in top_k_renormalised(top_logprobs_after(ar_url, prompt, 2 * k), k, False).items():
+        ranked = top_logprobs_after(ar_url, prompt + [first], 2 * k)
+        tied += ranked[k - 1][0] == ranked[k][0]
+        for second, p_second in top_k_renormalised(ranked, k, keep_ties).items():
+            marginal[second] += p_first * p_second
+    return dict(marginal), tied
+
+
+def goodness_of_fit_pvalue(sample: list[int], expected: dict[int, float]) -> float:
+    """Chi-square test that ``sample`` was drawn from ``expected`` (tokens expected fewer than 5 times pooled with
+    tokens ``expected`` does not hold)."""
+    from scipy.stats import chisquare
+
+    counts, n = Counter(sample), len(sample)
+    common = [t for t, p in expected.items() if p * n >= 5]
+    observed = [counts[t] for t in common] + [n - sum(counts[t] for t in common)]
+    predicted = [expected[t] * n for t in common] + [max(n - sum(expected[t] * n for t in common), 1e-9)]
+    scale = n / sum(predicted)  # the pooled bin's floor keeps the totals a hair apart
+    return float(chisquare(observed, [p * scale for p in predicted])[1])
