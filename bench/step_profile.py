@@ -93,6 +93,8 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
         "tau": round(tokens / verifies, 3) if verifies else None,
         "gpu_phase_ms": {p: round(ms, 3) for p, ms in phase_means(before, after).items()} if phases else None,
     }  # fmt: skip
+    if not args.trace_steps:
+        return cell
     slug = config.replace(" ", "_").replace("=", "")
     cell["traced"] = traced_steps(url, config, prompts, batch, args.max_new_tokens, args.trace_steps,
                                   out / "traces" / slug / f"bs{batch}")  # fmt: skip
@@ -161,8 +163,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from ar, mtp, dflash, ddtree")
     if any(a in args.algos for a in ("dflash", "ddtree")) and not args.draft_model_path:
         parser.error("dflash and ddtree need --draft-model-path")
-    if not args.batch_sizes or min(args.batch_sizes) < 1 or args.trace_steps < 2 or args.max_new_tokens < 2:
-        parser.error("--batch-sizes take positive integers, --trace-steps and --max-new-tokens at least 2")
+    if not args.batch_sizes or min(args.batch_sizes) < 1 or args.trace_steps == 1 or args.trace_steps < 0 \
+            or args.max_new_tokens < 2:
+        parser.error("--batch-sizes take positive integers, --trace-steps 0 (no trace) or at least 2, "
+                     "--max-new-tokens at least 2")
     return args, shared
 
 
