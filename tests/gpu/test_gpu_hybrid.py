@@ -204,11 +204,17 @@ def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend
 )
 @pytest.mark.parametrize("backend, kind", [*[(b, "ddtree_graphs") for b in BACKENDS],
                                            *[(b, "mtp") for b in FLASHINFER_ONLY]])  # fmt: skip
-def test_sampled_tokens_follow_the_targets_distribution(servers, backend, kind, sampling):
+def test_sampled_tokens_follow_the_targets_distribution(request, servers, backend, kind, sampling):
     """tests/gpu/test_gpu_ddtree.py's test (8000 samples of 4 tokens, chi-square per position at alpha 1e-3) on
     the hybrid target: tokens 2-4 come from tree verification through the GDN layers. MTP (upstream NEXTN,
     the same sampled verify kernels on a chain) takes the same test, so a failure shared with the baseline
-    points at SGLang's verify rather than at the tree."""
+    points at SGLang's verify rather than at the tree.
+
+    Top-k on flashinfer is expected to fail for both: this prompt has a context with an exact bf16 tie at the
+    k-th logit, where SGLang's verify keeps every tied token and AR's sampler exactly k (RESULTS.md run 32;
+    ``test_top_k_verify_keeps_every_token_tied_with_the_kth`` tests DDTree against the tie-keeping rule)."""
+    if backend == "flashinfer" and "top_k" in sampling:
+        request.node.add_marker(pytest.mark.xfail(reason="SGLang's verify keeps ties at the k-th logit", strict=False))
     pvalues, histograms = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, kind, backend), PROMPTS[3],
                                           sampling, samples=8000, tokens=4)  # fmt: skip
     record({"test": "hybrid_sampling", "backend": backend, "kind": kind, **sampling, "pvalues": pvalues,
