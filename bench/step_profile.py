@@ -10,9 +10,10 @@ a warm-up at that batch size:
 1. **untraced step wall**: ``batch`` concurrent greedy requests; per request, decode time over verify steps
    (TPOT x tau; AR: over its decode steps). This is how long a step really takes.
 2. **GPU phases** of DDTree's step (``SGLANG_DDTREE_PROFILE_STEPS``: CUDA events, no host sync).
-3. **a torch-profiler trace** of ``--trace-steps`` steps (CPU with Python stacks, and GPU), accounted step by
-   step by ``bench.step_trace``: the scheduler's functions, the worker's phases, host time blocked in syncs,
-   kernel and graph launches, GPU busy and idle time.
+3. **a torch-profiler trace** of ``--trace-steps`` steps (CPU and GPU; the functions found by SGLang's and the
+   worker's profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: the scheduler's
+   functions, the worker's phases, host time blocked in syncs, kernel and graph launches, GPU busy and idle
+   time. ``--trace-steps 0`` skips it.
 
 Writes ``step_profile.json`` (every number, the traces' paths, the commands) and ``step_profile.md`` after
 every configuration; the traces stay under ``DIR/traces``.
@@ -67,7 +68,7 @@ def traced_steps(url: str, config: str, prompts: list[dict], batch: int, max_new
     """
     trace_dir.mkdir(parents=True, exist_ok=True)
     _post(url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": steps, "activities": ["CPU", "GPU"],
-                                   "with_stack": True, "record_shapes": False, "profile_by_stage": True})  # fmt: skip
+                                   "with_stack": False, "record_shapes": False, "profile_by_stage": True})  # fmt: skip
     run_cell(url, config, prompts[:batch], 0.0, batch, max_new_tokens)
     deadline = time.monotonic() + 120
     while not (traces := sorted(glob.glob(str(trace_dir / "*DECODE*.json*")))) and time.monotonic() < deadline:
@@ -110,7 +111,7 @@ def markdown(report: dict) -> str:
         f"{meta['max_new_tokens']} new tokens, greedy",
         "",
         "Untraced: step wall = decode time / steps (median over requests), DDTree's GPU phases from CUDA events. "
-        "Traced (torch profiler, Python stacks on: a slower host): median per scheduler iteration.",
+        "Traced (torch profiler, CPU + GPU, SGLang's and the worker's ranges): median per scheduler iteration.",
         "",
         "| config | bs | tau | step wall ms | GPU phases ms | traced wall ms | GPU busy | GPU idle | host sync | "
         "launches (graphs) | run_batch | process_batch_result | schedule | other host |",

@@ -10,9 +10,13 @@ thread. Its wall time is split into
   reads) and in kernel and graph launches, with their counts;
 - on the GPU: busy time (the union of kernels, copies and memsets in the window) and idle time.
 
-Needs a trace recorded with CPU and GPU activities and Python stacks (``/start_profile`` with ``"activities":
-["CPU", "GPU"], "with_stack": true``). Stack tracing slows the host, so a traced step is longer than an
-untraced one: the split says where host time goes, an untraced measurement says how much there is.
+Needs a trace recorded with CPU and GPU activities (``/start_profile`` with ``"activities": ["CPU", "GPU"]``).
+The functions are found by the ranges SGLang 0.5.17 opens under a profiler (``scheduler.run_batch``, ...,
+``sglang.srt.utils.nvtx_utils.profile_method``) and DDTreeWorker's own (``ddtree._draft_block``, ...), or by
+Python stack events when the trace has them (``"with_stack": true``: slower, and on the H200 it crashed SGLang's
+scheduler when the profiler's result was freed, tests/gpu/RESULTS.md run 34). ``launch_batch_sample_if_needed``
+has no range upstream: it is counted only from stacks. A traced step is longer than an untraced one: the split
+says where host time goes, an untraced measurement says how much there is.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel\w*|cuLaunchKernel\w*|cudaGraphLau
 GRAPH_LAUNCH = "cudaGraphLaunch"
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _PYTHON_NAME = re.compile(r"\): (?P<function>[\w<>]+)$")
+_RANGE_PREFIXES = ("scheduler.", "ddtree.")  # SGLang's scheduler ranges, DDTreeWorker's
 
 
 @dataclass
@@ -82,6 +87,16 @@ def python_function(name: str) -> str:
     return match.group("function") if match else name
 
 
+def traced_function(event: dict) -> str | None:
+    """The scheduler or worker function an event times: a Python stack event, or a profiler range named
+    ``scheduler.<function>`` / ``ddtree.<function>``; None for anything else."""
+    if event.get("cat") == "python_function":
+        return python_function(event["name"])
+    if event.get("cat") == "user_annotation" and event["name"].startswith(_RANGE_PREFIXES):
+        return event["name"].split(".", 1)[1]
+    return None
+
+
 def outermost(events: list[Event]) -> list[Event]:
     """The events not inside another of the list (a recursive or re-entered function counts once)."""
     kept: list[Event] = []
@@ -106,7 +121,7 @@ def account_steps(trace: list[dict]) -> list[StepAccount]:
     """One :class:`StepAccount` per complete scheduler iteration of the trace (between consecutive ``run_batch``
     starts on the scheduler's thread)."""
     complete = [e for e in trace if e.get("ph") == "X" and "dur" in e]
-    runs = [e for e in complete if e.get("cat") == "python_function" and python_function(e["name"]) == "run_batch"]
+    runs = [e for e in complete if traced_function(e) == "run_batch"]
     if not runs:
         return []
     threads = Counter((e["pid"], e["tid"]) for e in runs)
@@ -116,8 +131,9 @@ def account_steps(trace: list[dict]) -> list[StepAccount]:
     syncs, launches = [], []
     for e in host:
         event = Event(e["name"], e["ts"], e["ts"] + e["dur"])
-        if e.get("cat") == "python_function":
-            by_function[python_function(e["name"])].append(event)
+        function = traced_function(e)
+        if function is not None:
+            by_function[function].append(event)
         elif SYNC_CALLS.match(e["name"]):
             syncs.append(event)
         elif LAUNCH_CALLS.match(e["name"]):

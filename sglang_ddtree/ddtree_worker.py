@@ -15,6 +15,9 @@ Per decode step, for a batch of requests with independent trees:
 4. Draft context: the target's hidden features of the committed tokens are written into the draft KV
    cache, as DFlash does for its chain.
 
+Under a torch profiler each phase is a ``ddtree.<function>`` range (SGLang's ``profile_range``: one flag check
+otherwise), as SGLang marks its scheduler's functions, so a trace needs no Python stacks to be accounted.
+
 Prefill and idle batches are DFlash's.
 """
 
@@ -38,6 +41,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.utils.nvtx_utils import profile_method, profile_range
 
 from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
@@ -118,31 +122,33 @@ class DDTreeWorker(DFlashWorkerV2):
         else:
             drafted = self._draft_head(draft_out.logits_output.hidden_states)
         timer.mark()
-        tree = ddtree_from_expansion(
-            **vars(drafted),
-            root_tokens=draft_input.bonus_tokens,
-            seq_lens=prefix_lens,
-            seq_lens_sum=self._seq_lens_upper_bound(batch, draft_input),
-        )
+        with profile_range("ddtree.ddtree_from_expansion"):
+            tree = ddtree_from_expansion(
+                **vars(drafted),
+                root_tokens=draft_input.bonus_tokens,
+                seq_lens=prefix_lens,
+                seq_lens_sum=self._seq_lens_upper_bound(batch, draft_input),
+            )
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
         batch.spec_info = self._verify_input(tree, batch)
         timer.mark()
-        result = run_eagle_verify(
-            batch,
-            target_worker=self.target_worker,
-            req_to_token_pool=self.model_runner.req_to_token_pool,
-            token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
-            plan_stream=None,
-            plan_stream_ctx=contextlib.nullcontext(),
-            topk=TREE_MODE_TOPK,
-            num_steps=self.block_size - 1,
-            num_draft_tokens=self.tree_width,
-            device=self.device,
-            metadata_ready_pre_pad=False,
-            finalize_tree_path=True,
-            grammar_barrier=grammar_barrier,
-        )
+        with profile_range("ddtree.run_eagle_verify"):
+            result = run_eagle_verify(
+                batch,
+                target_worker=self.target_worker,
+                req_to_token_pool=self.model_runner.req_to_token_pool,
+                token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator,
+                plan_stream=None,
+                plan_stream_ctx=contextlib.nullcontext(),
+                topk=TREE_MODE_TOPK,
+                num_steps=self.block_size - 1,
+                num_draft_tokens=self.tree_width,
+                device=self.device,
+                metadata_ready_pre_pad=False,
+                finalize_tree_path=True,
+                grammar_barrier=grammar_barrier,
+            )
         timer.mark()
         if on_publish is not None:
             on_publish(result.new_seq_lens)
@@ -169,6 +175,7 @@ class DDTreeWorker(DFlashWorkerV2):
             read_done.record()
             self.war_fastpath_runner.war_fastpath_read_done_event = read_done
 
+    @profile_method("ddtree._draft_block")
     def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2):
         """Run the drafter on ``[bonus, MASK...]`` per request; returns the draft runner's output (hidden states
         ``[bs * block, H]``; ``can_run_graph`` when the replayed graph also ran the head)."""
@@ -222,6 +229,7 @@ class DDTreeWorker(DFlashWorkerV2):
         host = reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
         return int(host.sum())
 
+    @profile_method("ddtree._verify_input")
     def _verify_input(self, tree: DDTreeTensors, batch: ScheduleBatch) -> DDTreeVerifyInput:
         return DDTreeVerifyInput(
             draft_token=tree.draft_token,
@@ -239,6 +247,7 @@ class DDTreeWorker(DFlashWorkerV2):
             seq_lens_cpu=batch.seq_lens_cpu,
         )
 
+    @profile_method("ddtree._append_committed_to_draft_kv")
     def _append_committed_to_draft_kv(
         self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult
     ) -> None:

@@ -80,6 +80,28 @@ def test_a_recursive_function_counts_once_and_a_trace_without_two_run_batches_ha
     assert step_trace.account_steps([python("run_batch", 0, 10)]) == []
 
 
+def annotation(name: str, ts: float, dur: float, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+
+
+def test_profiler_ranges_account_a_step_as_python_stacks_do():
+    """A trace without Python stacks: SGLang's ``scheduler.*`` ranges and the worker's ``ddtree.*`` ranges stand in
+    for the functions; other ranges are not functions of the step."""
+    renamed = {"get_next_batch_to_run": "scheduler.get_next_batch_to_run", "run_batch": "scheduler.run_batch",
+               "process_batch_result": "scheduler.process_batch_result", "_draft_block": "ddtree._draft_block",
+               "run_eagle_verify": "ddtree.run_eagle_verify"}  # fmt: skip
+
+    def without_stacks(event: dict) -> dict:
+        function = step_trace.python_function(event["name"])
+        if event["cat"] != "python_function":
+            return event
+        return annotation(renamed.get(function, "forward_batch_generation"), event["ts"], event["dur"], event["tid"])
+
+    stacked = step_trace.account_steps(trace(3))
+    ranged = step_trace.account_steps([*map(without_stacks, trace(3)), annotation("prefill_graph", 120, 900)])
+    assert ranged == stacked
+
+
 def test_the_bench_row_is_the_median_step_and_reads_back_from_a_gzipped_trace(tmp_path):
     events = trace(3)
     events += [gpu(1000 + 600, 300)]  # iteration 1 gets 300 us more GPU work: the median stays at 0.35
@@ -110,7 +132,7 @@ def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
         (["--algos", "ar,eagle"], "unknown algorithm(s) eagle"),
         (["--algos", "ddtree"], "dflash and ddtree need --draft-model-path"),
         (["--algos", "ar", "--batch-sizes", "0"], "--batch-sizes take positive integers"),
-        (["--algos", "ar", "--trace-steps", "1"], "--trace-steps and --max-new-tokens at least 2"),
+        (["--algos", "ar", "--trace-steps", "1"], "--trace-steps 0 (no trace) or at least 2"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
