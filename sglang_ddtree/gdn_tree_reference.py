@@ -1,0 +1,95 @@
+"""Plain PyTorch reference for verifying draft trees through a Gated DeltaNet layer (the executable specification
+of ``sglang_ddtree.kernels.gdn_tree``).
+
+SGLang's tree verify (``fused_sigmoid_gating_delta_rule_update`` with ``retrieve_parent_token``) runs the
+recurrence node by node, each from its parent's state, and so writes every node's ``[HV, V, K]`` state to HBM.
+This reference runs the same per-token update, along each node's root-to-node path:
+
+    g = -exp(A_log) * softplus(a + dt_bias)      beta = sigmoid(b)
+    q, k = l2norm(q), l2norm(k);  q = q * scale
+    h = h * exp(g);  v' = beta * (v - h^T k);  h = h + k v'^T;  o = h^T q
+
+with ``h`` a ``[K, V]`` state per value head (value head ``hv`` reads key head ``hv // (HV // H)``), stored as
+SGLang stores it, ``[V, K]``. Nodes are numbered parent before child (node 0 is the root, the step's first
+token, whose parent is the persistent state): a DDTree's pop order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+L2NORM_EPS = 1e-6
+
+
+def gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+          softplus_beta: float = 1.0, softplus_threshold: float = 20.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Log-decay ``g`` and write strength ``beta`` per token and value head, as SGLang's kernel computes them."""
+    x = a.float() + dt_bias.float()
+    softplus = torch.where(softplus_beta * x <= softplus_threshold, F.softplus(x, beta=softplus_beta), x)
+    return -torch.exp(A_log.float()) * softplus, torch.sigmoid(b.float())
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """``[bs, T, T]`` bool: ``[b, i, j]`` iff node ``j`` is ``i`` or an ancestor of ``i`` (``parents[b, 0]`` is
+    ignored: the root's parent is the persistent state)."""
+    bs, T = parents.shape
+    mask = torch.zeros(bs, T, T, dtype=torch.bool)
+    for b in range(bs):
+        for i in range(T):
+            node = i
+            while node > 0:
+                mask[b, i, node] = True
+                node = int(parents[b, node])
+            mask[b, i, 0] = True
+    return mask
+
+
+def pack_ancestor_bits(mask: torch.Tensor) -> torch.Tensor:
+    """``[bs, T, T]`` bool -> ``[bs, T, ceil(T / 64)]`` int64 words, bit ``j % 64`` of word ``j // 64`` for column
+    ``j`` (the layout of ``kernels/tree_verify_tensors.py``'s ``ancestor_bits``)."""
+    bs, T, _ = mask.shape
+    words = torch.zeros(bs, T, (T + 63) // 64, dtype=torch.int64)
+    for j in range(T):
+        bit = torch.tensor(1 << (j % 64), dtype=torch.uint64).view(torch.int64)  # bit 63 is the sign bit
+        words[:, :, j // 64] |= mask[:, :, j].to(torch.int64) * bit
+    return words
+
+
+def reference_gdn_tree_verify(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    initial_states: torch.Tensor,
+    parents: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Outputs ``[bs, T, HV, V]`` and every node's state ``[bs, T, HV, V, K]`` (float32) of the trees.
+
+    ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, ``initial_states [bs, HV, V, K]`` (each
+    request's persistent state), ``parents [bs, T]`` with ``parents[:, i] < i`` for ``i > 0``.
+    """
+    bs, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    g, beta = gates(a, b, A_log, dt_bias)
+    qn = unit(q.float()).repeat_interleave(HV // H, dim=2) * scale
+    kn = unit(k.float()).repeat_interleave(HV // H, dim=2)
+    out = torch.empty(bs, T, HV, V)
+    states = torch.empty(bs, T, HV, V, K)
+    for r in range(bs):
+        for i in range(T):
+            h = (initial_states[r] if i == 0 else states[r, int(parents[r, i])]).float().transpose(1, 2)  # [HV, K, V]
+            h = h * torch.exp(g[r, i])[:, None, None]
+            delta = beta[r, i][:, None] * (v[r, i].float() - torch.einsum("hkv,hk->hv", h, kn[r, i]))
+            h = h + kn[r, i][:, :, None] * delta[:, None, :]
+            out[r, i] = torch.einsum("hkv,hk->hv", h, qn[r, i])
+            states[r, i] = h.transpose(1, 2)
+    return out, states
