@@ -122,3 +122,32 @@ def test_a_key_dim_the_kernel_cannot_tile_is_refused():
     with pytest.raises(ValueError, match="power-of-two key dim"):
         gdn_tree_verify(**inputs, ssm_states=torch.zeros(1, HV, V, 24), cache_indices=torch.zeros(1, dtype=torch.int64),
                         ancestor_bits=torch.zeros(1, 4, 1, dtype=torch.int64), scale=1.0)  # fmt: skip
+
+
+def test_outputs_and_committed_state_equal_sglangs_snapshot_tree_verify():
+    """SGLang 0.5.17's own tree verify (``fused_sigmoid_gating_delta_rule_update`` with ``retrieve_parent_token``,
+    every node's state written to an intermediate buffer, which its commit copies from) on the same trees: the
+    same outputs, and the state this commit builds equals the one SGLang would copy for the last accepted node."""
+    from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import fused_sigmoid_gating_delta_rule_update
+
+    parents = torch.tensor([bushy(17, seed=11), deep_with_twigs(17)])
+    bs, T = parents.shape
+    inputs = {n: t.to(DEVICE) for n, t in layer_inputs(bs, T, seed=11, gating="mixed").items()}
+    pool = torch.randn(bs + 1, HV, V, K, device=DEVICE)
+    slots = torch.tensor([2, 0], device=DEVICE)
+    snapshots = torch.zeros(bs, T, HV, V, K, device=DEVICE)
+    sglang_out = fused_sigmoid_gating_delta_rule_update(
+        A_log=inputs["A_log"], a=inputs["a"].view(bs * T, HV), dt_bias=inputs["dt_bias"], softplus_beta=1.0,
+        softplus_threshold=20.0, q=inputs["q"].view(1, bs * T, H, K), k=inputs["k"].view(1, bs * T, H, K),
+        v=inputs["v"].view(1, bs * T, HV, V), b=inputs["b"].view(bs * T, HV), initial_state_source=pool,
+        initial_state_indices=slots, scale=K**-0.5, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.arange(0, bs * T + 1, T, device=DEVICE), disable_state_update=True,
+        intermediate_states_buffer=snapshots, intermediate_state_indices=torch.arange(bs, device=DEVICE),
+        cache_steps=T, retrieve_parent_token=parents.to(DEVICE),
+    )  # fmt: skip
+    bits = pack_ancestor_bits(ancestor_mask(parents)).to(DEVICE)
+    verified = gdn_tree_verify(**inputs, ssm_states=pool, cache_indices=slots, ancestor_bits=bits, scale=K**-0.5)
+    torch.testing.assert_close(verified.o, sglang_out.view(bs, T, HV, V), **TOLERANCE)
+    last = torch.tensor([16, 9], device=DEVICE)
+    gdn_tree_commit(pool, slots, bits, last, verified)
+    torch.testing.assert_close(pool[slots], snapshots[torch.arange(bs), last], **TOLERANCE)
