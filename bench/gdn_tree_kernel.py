@@ -1,0 +1,141 @@
+"""One GDN layer's tree verify + commit at Qwen3.6-27B's shape: SGLang 0.5.17's snapshot path against
+``kernels/gdn_tree.py`` (issue 17), on one GPU.
+
+SGLang: ``fused_sigmoid_gating_delta_rule_update`` with ``retrieve_parent_token`` writes every node's fp32 state
+into an intermediate buffer; its commit copies the last accepted node's state into the pool. Ours: the WY-form
+verify from the root state, then the commit builds the accepted path's state. Per (bs, T), median of
+``triton.testing.do_bench``; the per-request scratch each needs; and the largest differences between the two
+(outputs, committed states) on the same bf16 inputs and fp32 states.
+
+    python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel
+
+Shapes from Qwen3.6-27B's config (see ``bench/hybrid_verify_cost.py``): 16 key heads and 48 value heads of 128
+at TP 1 (``--tp 2`` halves the heads); trees random with parents among the last 4 nodes (bushy, DDTree-like)
+or chains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+from bench.provenance import checkout_commit
+from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits
+from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
+
+KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
+MIB = 1 << 20
+
+
+def random_tree(T: int, shape: str, g: torch.Generator) -> list[int]:
+    if shape == "chain":
+        return [-1] + list(range(T - 1))
+    return [-1] + [int(torch.randint(max(0, i - 4), i, (1,), generator=g)) for i in range(1, T)]
+
+
+def measure(bs: int, T: int, shape: str, tp: int) -> dict:
+    from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import fused_sigmoid_gating_delta_rule_update
+
+    H, HV, K = KEY_HEADS // tp, VALUE_HEADS // tp, HEAD_DIM
+    g = torch.Generator().manual_seed(bs * 1000 + T)
+    parents = torch.tensor([random_tree(T, shape, g) for _ in range(bs)])
+    dev = "cuda"
+    q, k = (torch.randn(bs, T, H, K, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(bs, T, HV, K, device=dev, dtype=torch.bfloat16)
+    a, b = (torch.randn(bs, T, HV, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    A_log, dt_bias = torch.randn(HV, device=dev) * 0.5, torch.randn(HV, device=dev) * 0.5
+    slots = torch.arange(bs, device=dev) * 2  # every other slot: the pool is shared
+    pool = torch.randn(2 * bs, HV, K, K, device=dev) * 0.1
+    snapshots = torch.empty(bs, T, HV, K, K, device=dev)
+    bits = pack_ancestor_bits(ancestor_mask(parents)).to(dev)
+    parents_d, last = parents.to(dev), torch.full((bs,), T - 1, device=dev)
+    cu_seqlens = torch.arange(0, bs * T + 1, T, device=dev)
+    scale = K**-0.5
+
+    def sglang_verify() -> torch.Tensor:
+        return fused_sigmoid_gating_delta_rule_update(
+            A_log=A_log, a=a.view(bs * T, HV), dt_bias=dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+            q=q.view(1, bs * T, H, K), k=k.view(1, bs * T, H, K), v=v.view(1, bs * T, HV, K), b=b.view(bs * T, HV),
+            initial_state_source=pool, initial_state_indices=slots, scale=scale, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens, disable_state_update=True, intermediate_states_buffer=snapshots,
+            intermediate_state_indices=torch.arange(bs, device=dev), cache_steps=T, retrieve_parent_token=parents_d,
+        )  # fmt: skip
+
+    def ours_verify():
+        return gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, bits, scale)
+
+    base = pool.clone()
+    sglang_out = sglang_verify().view(bs, T, HV, K)
+    sglang_state = snapshots[torch.arange(bs, device=dev), last].clone()
+    verified = ours_verify()
+    gdn_tree_commit(pool, slots, bits, last, verified)
+    ours_state = pool[slots].clone()
+    pool.copy_(base)
+
+    def sglang_commit() -> None:
+        pool[slots] = snapshots[torch.arange(bs, device=dev), last]
+
+    def ours_commit() -> None:
+        gdn_tree_commit(pool, slots, bits, last, verified)
+
+    times = {name: triton.testing.do_bench(fn, return_mode="median")
+             for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
+                              ("ours_verify", ours_verify), ("ours_commit", ours_commit))}  # fmt: skip
+    return {
+        "bs": bs, "T": T, "tree": shape, "tp": tp,
+        "ms": {n: round(t, 4) for n, t in times.items()},
+        "scratch_mib_per_request": {"sglang": round(T * HV * K * K * 4 / MIB, 3),
+                                    "ours": round(T * (HV * (K + 1) + H * K) * 4 / MIB, 3)},  # fmt: skip
+        "max_abs_diff": {"output": float((verified.o.float() - sglang_out.float()).abs().max()),
+                         "committed_state": float((ours_state - sglang_state).abs().max())},  # fmt: skip
+    }  # fmt: skip
+
+
+def markdown(report: dict) -> str:
+    meta = report["meta"]
+    lines = [
+        "# One GDN layer's tree verify + commit: SGLang's snapshots vs the WY form from the root state",
+        "",
+        f"{meta['date']} · commit {meta['commit']} · {meta['gpu']} · {KEY_HEADS // meta['tp']} key / "
+        f"{VALUE_HEADS // meta['tp']} value heads of {HEAD_DIM} (TP {meta['tp']}) · bf16 inputs, fp32 states",
+        "",
+        "| tree | bs | T | SGLang verify ms | + commit | ours verify ms | + commit | ratio | scratch MiB / request "
+        "SGLang / ours | max abs diff out / state |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in report["rows"]:
+        ms, mem, diff = r["ms"], r["scratch_mib_per_request"], r["max_abs_diff"]
+        theirs, ours = ms["sglang_verify"] + ms["sglang_commit"], ms["ours_verify"] + ms["ours_commit"]
+        lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | {ms['sglang_verify']:.3f} | {ms['sglang_commit']:.3f} | "
+                     f"{ms['ours_verify']:.3f} | {ms['ours_commit']:.3f} | {theirs / ours:.2f}x | "
+                     f"{mem['sglang']:.1f} / {mem['ours']:.2f} | {diff['output']:.2e} / {diff['committed_state']:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.gdn_tree_kernel", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    parser.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 33, 65])
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU")
+    rows = [measure(bs, T, shape, args.tp) for shape in ("bushy", "chain") for bs in args.batch_sizes
+            for T in args.widths if not (shape == "chain" and T == 65)]  # fmt: skip
+    report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(),
+                       "gpu": torch.cuda.get_device_name(), "tp": args.tp}, "rows": rows}  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gdn_tree_kernel.json").write_text(json.dumps(report, indent=1))
+    (out / "gdn_tree_kernel.md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
