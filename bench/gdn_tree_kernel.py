@@ -25,7 +25,7 @@ import torch
 import triton.testing
 
 from bench.provenance import checkout_commit
-from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits
+from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits, random_parents
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
@@ -35,7 +35,7 @@ MIB = 1 << 20
 def random_tree(T: int, shape: str, g: torch.Generator) -> list[int]:
     if shape == "chain":
         return [-1] + list(range(T - 1))
-    return [-1] + [int(torch.randint(max(0, i - 4), i, (1,), generator=g)) for i in range(1, T)]
+    return random_parents(T, g)
 
 
 def measure(bs: int, T: int, shape: str, tp: int) -> dict:

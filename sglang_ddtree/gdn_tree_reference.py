@@ -49,6 +49,12 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+def random_parents(T: int, generator: torch.Generator, reach: int = 4) -> list[int]:
+    """A random tree in pop order, each node's parent among the ``reach`` nodes before it: wide near the root,
+    deep branches below, like a DDTree's (tests and benchmarks)."""
+    return [-1] + [int(torch.randint(max(0, i - reach), i, (1,), generator=generator)) for i in range(1, T)]
+
+
 def pack_ancestor_bits(mask: torch.Tensor) -> torch.Tensor:
     """``[bs, T, T]`` bool -> ``[bs, T, ceil(T / 64)]`` int64 words, bit ``j % 64`` of word ``j // 64`` for column
     ``j`` (the layout of ``kernels/tree_verify_tensors.py``'s ``ancestor_bits``)."""

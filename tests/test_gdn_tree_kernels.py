@@ -10,7 +10,12 @@ import os
 import pytest
 import torch
 
-from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits, reference_gdn_tree_verify
+from sglang_ddtree.gdn_tree_reference import (
+    ancestor_mask,
+    pack_ancestor_bits,
+    random_parents,
+    reference_gdn_tree_verify,
+)
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -32,9 +37,7 @@ def star(n: int) -> list[int]:
 
 
 def bushy(n: int, seed: int) -> list[int]:
-    """Random parents before children: wide near the root, deep branches below."""
-    g = torch.Generator().manual_seed(seed)
-    return [-1] + [int(torch.randint(max(0, i - 4), i, (1,), generator=g)) for i in range(1, n)]
+    return random_parents(n, torch.Generator().manual_seed(seed))
 
 
 def deep_with_twigs(n: int) -> list[int]:

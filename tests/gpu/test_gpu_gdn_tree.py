@@ -6,8 +6,7 @@ outputs within bf16 rounding, and the committed state within fp32 rounding of th
 import pytest
 import torch
 
-from bench.gdn_tree_kernel import random_tree
-from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits
+from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits, random_parents
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +18,7 @@ def test_real_shapes_match_sglangs_snapshot_tree_verify(bs, T, shape):
     from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import fused_sigmoid_gating_delta_rule_update
 
     g = torch.Generator().manual_seed(T * bs)
-    parents = torch.tensor([random_tree(T, shape, g) for _ in range(bs)])
+    parents = torch.tensor([random_parents(T, g) if shape == "bushy" else [-1, *range(T - 1)] for _ in range(bs)])
     q, k = (torch.randn(bs, T, H, K, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     v = torch.randn(bs, T, HV, K, device="cuda", dtype=torch.bfloat16)
     a, b = (torch.randn(bs, T, HV, device="cuda", dtype=torch.bfloat16) for _ in range(2))
