@@ -25,8 +25,8 @@ import torch
 import triton.testing
 
 from bench.provenance import checkout_commit
-from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits, random_parents
-from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
+from sglang_ddtree.gdn_tree_reference import random_parents
+from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
 MIB = 1 << 20
@@ -52,8 +52,8 @@ def measure(bs: int, T: int, shape: str, tp: int) -> dict:
     slots = torch.arange(bs, device=dev) * 2  # every other slot: the pool is shared
     pool = torch.randn(2 * bs, HV, K, K, device=dev) * 0.1
     snapshots = torch.empty(bs, T, HV, K, K, device=dev)
-    bits = pack_ancestor_bits(ancestor_mask(parents)).to(dev)
-    parents_d, last = parents.to(dev), torch.full((bs,), T - 1, device=dev)
+    workspace = torch.empty(bs, workspace_numel(T, HV, K, K), device=dev)
+    parents_d, last = parents.to(torch.int32).to(dev), torch.full((bs,), T - 1, device=dev)
     cu_seqlens = torch.arange(0, bs * T + 1, T, device=dev)
     scale = K**-0.5
 
@@ -66,14 +66,15 @@ def measure(bs: int, T: int, shape: str, tp: int) -> dict:
             intermediate_state_indices=torch.arange(bs, device=dev), cache_steps=T, retrieve_parent_token=parents_d,
         )  # fmt: skip
 
-    def ours_verify():
-        return gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, bits, scale)
+    def ours_verify() -> torch.Tensor:
+        return gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace,
+                               torch.arange(bs, device=dev), scale)  # fmt: skip
 
     base = pool.clone()
     sglang_out = sglang_verify().view(bs, T, HV, K)
     sglang_state = snapshots[torch.arange(bs, device=dev), last].clone()
-    verified = ours_verify()
-    gdn_tree_commit(pool, slots, bits, last, verified)
+    ours_out = ours_verify()
+    gdn_tree_commit(pool[None], workspace[None], slots, last, T)
     ours_state = pool[slots].clone()
     pool.copy_(base)
 
@@ -81,7 +82,7 @@ def measure(bs: int, T: int, shape: str, tp: int) -> dict:
         pool[slots] = snapshots[torch.arange(bs, device=dev), last]
 
     def ours_commit() -> None:
-        gdn_tree_commit(pool, slots, bits, last, verified)
+        gdn_tree_commit(pool[None], workspace[None], slots, last, T)
 
     times = {name: triton.testing.do_bench(fn, return_mode="median")
              for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
@@ -90,8 +91,8 @@ def measure(bs: int, T: int, shape: str, tp: int) -> dict:
         "bs": bs, "T": T, "tree": shape, "tp": tp,
         "ms": {n: round(t, 4) for n, t in times.items()},
         "scratch_mib_per_request": {"sglang": round(T * HV * K * K * 4 / MIB, 3),
-                                    "ours": round(T * (HV * (K + 1) + H * K) * 4 / MIB, 3)},  # fmt: skip
-        "max_abs_diff": {"output": float((verified.o.float() - sglang_out.float()).abs().max()),
+                                    "ours": round(workspace_numel(T, HV, K, K) * 4 / MIB, 3)},  # fmt: skip
+        "max_abs_diff": {"output": float((ours_out.float() - sglang_out.float()).abs().max()),
                          "committed_state": float((ours_state - sglang_state).abs().max())},  # fmt: skip
     }  # fmt: skip
 

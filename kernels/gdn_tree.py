@@ -1,11 +1,11 @@
-"""Gated DeltaNet tree verify from the root state alone, and the commit of the accepted path (Triton).
+"""Gated DeltaNet tree verify from the root state alone, and the commit of any node's state (Triton).
 
 SGLang's tree verify through a GDN layer runs the recurrence node by node and writes every node's ``[HV, V, K]``
 fp32 state to HBM (reserved for every running request: ~144 MiB per node per request at Qwen3.6-27B's shape,
-TP 1), so that the accepted node's state can be committed. Here nothing per node is written but a value-sized
-vector: the delta rule along a path has a WY form (FLA's chunked gated delta rule, with the causal mask of a
-chunk replaced by the tree's ancestor mask; nodes numbered parent before child keep it triangular). With
-``G_i`` the log-decay summed along node ``i``'s path and ``S0`` the persistent state, every node's pseudo-value
+TP 1), so that the accepted node's state can be committed. Here nothing state-sized is written per node: the
+delta rule along a path has a WY form (FLA's chunked gated delta rule, with the causal mask of a chunk replaced
+by the tree's ancestor mask; nodes numbered parent before child keep it triangular). With ``G_i`` the log-decay
+summed along node ``i``'s path and ``S0`` the persistent state, every node's pseudo-value
 
     u_i = beta_i * (v_i - exp(G_i) S0^T k_i - sum_{j ancestor of i} exp(G_i - G_j) (k_i . k_j) u_j)
 
@@ -13,20 +13,22 @@ is a forward substitution over the tree, node ``i``'s output is
 
     o_i = exp(G_i) S0^T q_i + sum_{j = i or ancestor} exp(G_i - G_j) (q_i . k_j) u_j
 
-and the state after the accepted path ending at node ``L`` is ``exp(G_L) S0 + sum_{j on the path}
-exp(G_L - G_j) k_j u_j^T``: :func:`gdn_tree_commit` builds it from ``u``, ``G`` and the unit keys that
-:func:`gdn_tree_verify` returns (``T x (V + 1)`` floats per value head and ``T x K`` per key head, instead of
-``T x K x V``). The executable specification is ``sglang_ddtree.gdn_tree_reference``; the layouts are SGLang's:
-``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states ``[slots, HV, V, K]``, and the tree
-as the ancestor bits of ``kernels/tree_verify_tensors.py`` (``[bs, T, ceil(T / 64)]`` int64, self included).
+and the state after the path ending at node ``L`` is ``exp(G_L) S0 + sum_{j on the path} exp(G_L - G_j) k_j
+u_j^T``. :func:`gdn_tree_verify` leaves in each request's workspace what :func:`gdn_tree_commit` needs for that:
+a copy of ``S0``, ``u``, ``G``, the unit keys and the parents (:func:`workspace_numel` floats: 1 + T (K + V + 1) /
+(K V) snapshots' worth, 1.5 at T = 33 for 128-dim heads, where SGLang writes 33), so any node's state can be
+committed, into any slot, in any order (the accepted node's into the request's slot, a prefix-cache track
+node's into its track slot).
 
-One program per (request, value head, block of ``BV`` value columns); ``T`` is padded to a power of two
-``NP >= 16`` (``tl.dot``'s minimum), dots in IEEE fp32.
+Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
+``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
+commit takes ``fused_mamba_state_scatter_with_mask``'s arguments, so it can stand in for SGLang's scatter of
+snapshots. The executable specification is ``sglang_ddtree.gdn_tree_reference``. One program per (request, value
+head, block of ``BV`` value columns[, layer]); ``T`` is padded to a power of two ``NP >= 16`` (``tl.dot``'s
+minimum), dots in IEEE fp32.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -35,33 +37,26 @@ import triton.language as tl
 _BV = 32
 
 
-@dataclass
-class GDNTreeVerifyOutput:
-    """What the commit needs besides the tree: float32 pseudo-values ``u [bs, T, HV, V]``, path log-decays
-    ``g_cum [bs, T, HV]`` and unit keys ``k_unit [bs, T, H, K]``; and the layer's output ``o [bs, T, HV, V]``."""
-
-    o: torch.Tensor
-    u: torch.Tensor
-    g_cum: torch.Tensor
-    k_unit: torch.Tensor
+def workspace_numel(T: int, HV: int, K: int, V: int) -> int:
+    """float32 elements of one request's workspace: S0, then per node u, G, the unit key (per value head) and
+    the parent."""
+    return HV * V * K + T * HV * (V + 1 + K) + T
 
 
 @triton.jit
-def _ancestors(bits_ptr, rows, cols, T, W: tl.constexpr):
-    """``[rows, cols]`` bool block of a request's ancestor mask (``rows`` are token indices of that request)."""
-    words = tl.load(bits_ptr + rows[:, None] * W + cols[None, :] // 64,
-                    mask=(rows[:, None] >= 0) & (cols[None, :] < T), other=0)  # fmt: skip
-    return ((words >> (cols[None, :] % 64).to(tl.int64)) & 1) != 0
+def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    off_u = HV * V * K
+    off_g = off_u + T * HV * V
+    off_k = off_g + T * HV
+    return off_u, off_g, off_k, off_k + T * HV * K
 
 
 @triton.jit
 def _gdn_tree_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
-    h0_ptr, h0_indices_ptr, stride_h0, bits_ptr,
-    o_ptr, u_ptr, g_cum_ptr, k_unit_ptr,
+    h0_ptr, h0_indices_ptr, stride_h0, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, o_ptr,
     scale, softplus_beta, softplus_threshold, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-    NP: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -84,9 +79,14 @@ def _gdn_tree_verify_kernel(
     b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None] * scale
     b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
 
-    req_bits = bits_ptr + i_n.to(tl.int64) * T * W
+    # anc[i, j]: j is i or an ancestor of i, by walking every row's parent chain up to the root.
     cols = tl.arange(0, NP)
-    anc = _ancestors(req_bits, tl.where(valid, rows, -1), cols, T, W)  # [i, j]: j is i or an ancestor of i
+    req_parents = parents_ptr + i_n.to(tl.int64) * T
+    anc = (cols[None, :] == rows[:, None]) & valid[:, None]
+    cur = tl.where(valid, rows, 0)
+    for _ in range(1, T):
+        cur = tl.where(cur > 0, tl.load(req_parents + tl.maximum(cur, 0), mask=cur > 0, other=-1), -1)
+        anc = anc | ((cols[None, :] == cur[:, None]) & (cur[:, None] >= 0))
     b_G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)
     decay = tl.exp(tl.where(anc, b_G[:, None] - b_G[None, :], float("-inf")))  # exp(G_i - G_j) on the path, else 0
 
@@ -102,46 +102,54 @@ def _gdn_tree_verify_kernel(
         b_u = tl.where(rows[:, None] == i, b_u - tl.sum(a_row[:, None] * b_u, 0)[None, :], b_u)
     p_mat = tl.where(anc, decay * tl.dot(b_q, tl.trans(b_k), input_precision="ieee"), 0.0)
     b_o = gamma[:, None] * tl.dot(b_q, b_h0, input_precision="ieee") + tl.dot(p_mat, b_u, input_precision="ieee")
-
     out_mask = valid[:, None] & mask_v[None, :]
-    out_offsets = (tok[:, None] * HV + i_hv) * V + o_v[None, :]
-    tl.store(o_ptr + out_offsets, b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
-    tl.store(u_ptr + out_offsets, b_u, mask=out_mask)
+    tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
+
+    ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
+    off_u, off_g, off_k, off_p = _workspace_offsets(T, HV, K, V)
+    tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
+    tl.store(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
     if i_v == 0:
-        tl.store(g_cum_ptr + tok * HV + i_hv, b_G, mask=valid)
-        if i_hv % (HV // H) == 0:
-            tl.store(k_unit_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], b_k, mask=valid[:, None])
+        tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
+        tl.store(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], b_k, mask=valid[:, None])
+        if i_hv == 0:
+            tl.store(ws + off_p + rows, tl.load(req_parents + rows, mask=valid & (rows > 0), other=-1).to(tl.float32),
+                     mask=valid)  # fmt: skip
 
 
 @triton.jit
 def _gdn_tree_commit_kernel(
-    h0_ptr, h0_indices_ptr, stride_h0, bits_ptr, last_ptr, u_ptr, g_cum_ptr, k_unit_ptr, T,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, W: tl.constexpr,
-    NP: tl.constexpr, BV: tl.constexpr,
+    dst_ptr, stride_dst_layer, stride_dst_slot, ws_ptr, stride_ws_layer, stride_ws_request,
+    dst_indices_ptr, nodes_ptr, T,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_v, i_nh, i_layer = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    slot = tl.load(h0_indices_ptr + i_n).to(tl.int64)
-    if slot >= 0:
+    node = tl.load(nodes_ptr + i_n).to(tl.int32)
+    if node >= 0:
         rows = tl.arange(0, NP)
         valid = rows < T
-        tok = (i_n * T + rows).to(tl.int64)
         o_k = tl.arange(0, K)
         o_v = i_v * BV + tl.arange(0, BV)
         mask_v = o_v < V
-        last = tl.load(last_ptr + i_n).to(tl.int32)
-        req_bits = bits_ptr + i_n.to(tl.int64) * T * W
-        on_path = tl.sum(_ancestors(req_bits, tl.full([1], last, tl.int32), rows, T, W).to(tl.int32), 0) > 0
-        b_G = tl.load(g_cum_ptr + tok * HV + i_hv, mask=valid, other=0)
-        g_last = tl.sum(tl.where(rows == last, b_G, 0.0), 0)
-        weight = tl.exp(tl.where(on_path, g_last - b_G, float("-inf")))
-        b_u = tl.load(u_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
-                      other=0)  # fmt: skip
-        b_k = tl.load(k_unit_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0)
-        p_h = h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None]
-        b_h = tl.load(p_h, mask=mask_v[None, :], other=0).to(tl.float32)
-        b_h = tl.exp(g_last) * b_h + tl.dot(tl.trans(b_k), weight[:, None] * b_u, input_precision="ieee")
+        ws = ws_ptr + i_layer.to(tl.int64) * stride_ws_layer + i_n.to(tl.int64) * stride_ws_request
+        off_u, off_g, off_k, off_p = _workspace_offsets(T, HV, K, V)
+        on_path = rows == node
+        cur = node
+        for _ in range(1, T):
+            cur = tl.where(cur > 0, tl.load(ws + off_p + tl.maximum(cur, 0)).to(tl.int32), -1)
+            on_path = on_path | (rows == cur)
+        b_G = tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0)
+        g_node = tl.sum(tl.where(rows == node, b_G, 0.0), 0)
+        weight = tl.exp(tl.where(on_path, g_node - b_G, float("-inf")))
+        b_u = tl.load(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
+                      mask=valid[:, None] & mask_v[None, :], other=0)  # fmt: skip
+        b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=valid[:, None], other=0)
+        b_h0 = tl.load(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0)
+        b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weight[:, None] * b_u, input_precision="ieee")
+        slot = tl.load(dst_indices_ptr + i_n).to(tl.int64)
+        p_h = (dst_ptr + i_layer.to(tl.int64) * stride_dst_layer + slot * stride_dst_slot + i_hv * V * K
+               + o_v[None, :] * K + o_k[:, None])  # fmt: skip
         tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
 
 
@@ -159,46 +167,43 @@ def gdn_tree_verify(
     dt_bias: torch.Tensor,
     ssm_states: torch.Tensor,
     cache_indices: torch.Tensor,
-    ancestor_bits: torch.Tensor,
+    parents: torch.Tensor,
+    workspace: torch.Tensor,
+    workspace_indices: torch.Tensor,
     scale: float,
     softplus_beta: float = 1.0,
     softplus_threshold: float = 20.0,
-) -> GDNTreeVerifyOutput:
-    """Every tree node's output of one GDN layer, from the requests' persistent states (``ssm_states[
-    cache_indices]``, read only) and the trees' ancestor bits; see the module docstring for the layouts."""
+) -> torch.Tensor:
+    """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
+    (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
+    workspace_indices[n]]`` (float32, contiguous, at least :func:`workspace_numel` elements per row)."""
     bs, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     if K != triton.next_power_of_2(K) or K < 16 or HV % H:
         raise ValueError(f"gdn_tree_verify needs a power-of-two key dim >= 16 and HV a multiple of H, got K={K}, "
                          f"H={H}, HV={HV}")  # fmt: skip
+    row = workspace[0].numel()
+    if workspace.dtype != torch.float32 or not workspace.is_contiguous() or row < workspace_numel(T, HV, K, V):
+        raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(T, HV, K, V)} "
+                         f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
     o = torch.empty_like(v)
-    u = torch.empty(bs, T, HV, V, dtype=torch.float32, device=v.device)
-    g_cum = torch.empty(bs, T, HV, dtype=torch.float32, device=v.device)
-    k_unit = torch.empty(bs, T, H, K, dtype=torch.float32, device=v.device)
-    grid = (triton.cdiv(V, _BV), bs * HV)
-    _gdn_tree_verify_kernel[grid](
+    _gdn_tree_verify_kernel[(triton.cdiv(V, _BV), bs * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), A_log, dt_bias,
-        ssm_states, cache_indices, ssm_states.stride(0), ancestor_bits.contiguous(),
-        o, u, g_cum, k_unit, scale, softplus_beta, softplus_threshold, T,
-        H=H, HV=HV, K=K, V=V, W=ancestor_bits.shape[-1], NP=_padded_nodes(T), BV=_BV,
+        ssm_states, cache_indices, ssm_states.stride(0), parents.contiguous(), workspace, workspace_indices, row, o,
+        scale, softplus_beta, softplus_threshold, T, H=H, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=_BV,
     )  # fmt: skip
-    return GDNTreeVerifyOutput(o=o, u=u, g_cum=g_cum, k_unit=k_unit)
+    return o
 
 
 def gdn_tree_commit(
-    ssm_states: torch.Tensor,
-    cache_indices: torch.Tensor,
-    ancestor_bits: torch.Tensor,
-    last_accepted: torch.Tensor,
-    verified: GDNTreeVerifyOutput,
+    dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int
 ) -> None:
-    """Advance each request's persistent state (in place) along its accepted path, the root-to-node path of
-    ``last_accepted [bs]`` (node indices; the root is always accepted)."""
-    bs, T, H, K = verified.k_unit.shape
-    HV, V = verified.u.shape[2], verified.u.shape[3]
-    grid = (triton.cdiv(V, _BV), bs * HV)
+    """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
+    path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
+    requests, ...]`` as :func:`gdn_tree_verify` filled it for trees of ``T`` nodes)."""
+    layers, _, HV, V, K = dst.shape
+    grid = (triton.cdiv(V, _BV), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](
-        ssm_states, cache_indices, ssm_states.stride(0), ancestor_bits.contiguous(), last_accepted,
-        verified.u, verified.g_cum, verified.k_unit, T,
-        H=H, HV=HV, K=K, V=V, W=ancestor_bits.shape[-1], NP=_padded_nodes(T), BV=_BV,
+        dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
+        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=_BV,
     )  # fmt: skip

@@ -34,36 +34,10 @@ def unit(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
-    """``[bs, T, T]`` bool: ``[b, i, j]`` iff node ``j`` is ``i`` or an ancestor of ``i`` (``parents[b, 0]`` is
-    ignored: the root's parent is the persistent state)."""
-    bs, T = parents.shape
-    mask = torch.zeros(bs, T, T, dtype=torch.bool)
-    for b in range(bs):
-        for i in range(T):
-            node = i
-            while node > 0:
-                mask[b, i, node] = True
-                node = int(parents[b, node])
-            mask[b, i, 0] = True
-    return mask
-
-
 def random_parents(T: int, generator: torch.Generator, reach: int = 4) -> list[int]:
     """A random tree in pop order, each node's parent among the ``reach`` nodes before it: wide near the root,
     deep branches below, like a DDTree's (tests and benchmarks)."""
     return [-1] + [int(torch.randint(max(0, i - reach), i, (1,), generator=generator)) for i in range(1, T)]
-
-
-def pack_ancestor_bits(mask: torch.Tensor) -> torch.Tensor:
-    """``[bs, T, T]`` bool -> ``[bs, T, ceil(T / 64)]`` int64 words, bit ``j % 64`` of word ``j // 64`` for column
-    ``j`` (the layout of ``kernels/tree_verify_tensors.py``'s ``ancestor_bits``)."""
-    bs, T, _ = mask.shape
-    words = torch.zeros(bs, T, (T + 63) // 64, dtype=torch.int64)
-    for j in range(T):
-        bit = torch.tensor(1 << (j % 64), dtype=torch.uint64).view(torch.int64)  # bit 63 is the sign bit
-        words[:, :, j // 64] |= mask[:, :, j].to(torch.int64) * bit
-    return words
 
 
 def reference_gdn_tree_verify(

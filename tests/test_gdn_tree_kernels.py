@@ -1,7 +1,7 @@
 """A tree verified through a Gated DeltaNet layer from the root state alone (``kernels/gdn_tree.py``) gives every
-node the output of the sequential recurrence along its root-to-node path, and the commit leaves the persistent
-state that path's last node would have: float32, against ``sglang_ddtree.gdn_tree_reference`` (CPU under
-TRITON_INTERPRET=1 at small head dims, or a GPU)."""
+node the output of the sequential recurrence along its root-to-node path, and the commit leaves the state that
+path's last node would have: float32, against ``sglang_ddtree.gdn_tree_reference`` and SGLang's own snapshot tree
+verify (CPU under TRITON_INTERPRET=1 at small head dims, or a GPU)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,8 @@ import os
 import pytest
 import torch
 
-from sglang_ddtree.gdn_tree_reference import (
-    ancestor_mask,
-    pack_ancestor_bits,
-    random_parents,
-    reference_gdn_tree_verify,
-)
-from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
+from sglang_ddtree.gdn_tree_reference import random_parents, reference_gdn_tree_verify
+from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -61,6 +56,17 @@ def layer_inputs(bs: int, T: int, seed: int, gating: str) -> dict:
     }  # fmt: skip
 
 
+def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor) -> tuple:
+    """The kernel's outputs and the workspace it filled (one row per request, in an SGLang-sized buffer of
+    per-node snapshots, as the DDTREE hook uses it)."""
+    bs, T = parents.shape
+    workspace = torch.full((bs, T, HV, V, K), float("nan"), device=DEVICE)
+    out = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
+                          parents=parents.to(torch.int32).to(DEVICE), workspace=workspace,
+                          workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5)  # fmt: skip
+    return out, workspace
+
+
 def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0) -> None:
     bs, T = len(parents_per_request), len(parents_per_request[0])
     parents = torch.tensor(parents_per_request)
@@ -73,24 +79,26 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     slots = torch.randperm(bs + 1, generator=torch.Generator().manual_seed(seed + 3))[:bs]
     pool[slots] = initial
     untouched = pool.clone()
-    bits = pack_ancestor_bits(ancestor_mask(parents))
-    on = {name: t.to(DEVICE) for name, t in inputs.items()}
-    pool_d, slots_d, bits_d = pool.to(DEVICE), slots.to(DEVICE), bits.to(DEVICE)
-    verified = gdn_tree_verify(**on, ssm_states=pool_d, cache_indices=slots_d, ancestor_bits=bits_d, scale=K**-0.5)
-    torch.testing.assert_close(verified.o.cpu(), want_out, **TOLERANCE)
+    pool_d, slots_d = pool.to(DEVICE), slots.to(DEVICE)
+    out, workspace = verify(inputs, pool_d, slots_d, parents)
+    torch.testing.assert_close(out.cpu(), want_out, **TOLERANCE)
     assert torch.equal(pool_d.cpu(), untouched)  # the verify writes no state
 
-    last = torch.randint(0, T, (bs,), generator=torch.Generator().manual_seed(seed + 4))
-    gdn_tree_commit(pool_d, slots_d, bits_d, last.to(DEVICE), verified)
+    # Any node's state, into any slot, in any order: the last request's track node into the spare slot first
+    # (a prefix-cache track), then every request's accepted node over its root state.
+    spare = int(torch.tensor(sorted(set(range(bs + 1)) - set(slots.tolist()))))
+    track_node = torch.full((bs,), -1)
+    track_node[-1] = int(torch.randint(0, T, (1,), generator=torch.Generator().manual_seed(seed + 4)))
+    last = torch.randint(0, T, (bs,), generator=torch.Generator().manual_seed(seed + 5))
+    gdn_tree_commit(pool_d[None], workspace[None], torch.full((bs,), spare, device=DEVICE), track_node.to(DEVICE), T)
+    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), T)
     committed = pool_d.cpu()
     torch.testing.assert_close(committed[slots], want_states[torch.arange(bs), last], **TOLERANCE)
-    others = torch.ones(bs + 1, dtype=torch.bool)
-    others[slots] = False
-    assert torch.equal(committed[others], untouched[others])
+    torch.testing.assert_close(committed[spare], want_states[-1, track_node[-1]], **TOLERANCE)
 
 
 @pytest.mark.parametrize("shape", [chain, star, deep_with_twigs], ids=["chain", "star", "deep-with-twigs"])
-@pytest.mark.parametrize("T", [1, 5, 17, 33])
+@pytest.mark.parametrize("T", [2, 5, 17, 33])  # a DDTree verifies its root and at least one node
 def test_every_node_gets_its_paths_recurrence_and_the_commit_its_state(shape, T):
     run([shape(T), shape(T)], seed=T)
 
@@ -106,25 +114,36 @@ def test_a_batch_of_different_bushy_trees_of_65_nodes():
 
 
 def test_commit_of_the_root_alone_is_one_recurrence_step():
-    parents = [bushy(9, seed=7)]
+    parents = torch.tensor([bushy(9, seed=7)])
     inputs = layer_inputs(1, 9, seed=7, gating="mixed")
     initial = torch.randn(1, HV, V, K)
-    _, states = reference_gdn_tree_verify(**inputs, initial_states=initial, parents=torch.tensor(parents),
-                                          scale=K**-0.5)  # fmt: skip
-    bits = pack_ancestor_bits(ancestor_mask(torch.tensor(parents))).to(DEVICE)
+    _, states = reference_gdn_tree_verify(**inputs, initial_states=initial, parents=parents, scale=K**-0.5)
     pool, slots = initial.clone().to(DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    verified = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
-                               ancestor_bits=bits, scale=K**-0.5)  # fmt: skip
-    gdn_tree_commit(pool, slots, bits, torch.zeros(1, dtype=torch.int64, device=DEVICE), verified)
+    _, workspace = verify(inputs, pool, slots, parents)
+    gdn_tree_commit(pool[None], workspace[None], slots, torch.zeros(1, dtype=torch.int64, device=DEVICE), 9)
     torch.testing.assert_close(pool.cpu()[0], states[0, 0], **TOLERANCE)
 
 
-def test_a_key_dim_the_kernel_cannot_tile_is_refused():
+def test_the_workspace_fits_in_sglangs_snapshot_buffer_and_in_three_snapshots():
+    """What makes SGLang's per-node snapshot buffer (T snapshots per request) reusable as the workspace, and what
+    a buffer sized for the workspace alone would hold (Qwen3.6-27B's heads: 1.03 snapshots at T = 2, 2.02 at 65)."""
+    snapshot = 48 * 128 * 128
+    for T in (2, 8, 33, 65):
+        assert workspace_numel(T, HV=48, K=128, V=128) <= min(T, 3) * snapshot
+
+
+@pytest.mark.parametrize("bad", ["key_dim", "workspace"])
+def test_inputs_the_kernel_cannot_serve_are_refused(bad):
     inputs = layer_inputs(1, 4, seed=0, gating="mixed")
-    inputs["q"], inputs["k"] = inputs["q"][..., :24], inputs["k"][..., :24]
-    with pytest.raises(ValueError, match="power-of-two key dim"):
-        gdn_tree_verify(**inputs, ssm_states=torch.zeros(1, HV, V, 24), cache_indices=torch.zeros(1, dtype=torch.int64),
-                        ancestor_bits=torch.zeros(1, 4, 1, dtype=torch.int64), scale=1.0)  # fmt: skip
+    workspace = torch.zeros(1, workspace_numel(4, HV, K, V))
+    if bad == "key_dim":
+        inputs["q"], inputs["k"] = inputs["q"][..., :24], inputs["k"][..., :24]
+    else:
+        workspace = workspace[:, :-1].contiguous()
+    with pytest.raises(ValueError, match={"key_dim": "power-of-two key dim", "workspace": "float32 workspace"}[bad]):
+        gdn_tree_verify(**inputs, ssm_states=torch.zeros(1, HV, V, inputs["k"].shape[-1]),
+                        cache_indices=torch.zeros(1, dtype=torch.int64), parents=torch.tensor([[-1, 0, 1, 2]]),
+                        workspace=workspace, workspace_indices=torch.zeros(1, dtype=torch.int64), scale=1.0)  # fmt: skip
 
 
 def test_outputs_and_committed_state_equal_sglangs_snapshot_tree_verify():
@@ -148,9 +167,8 @@ def test_outputs_and_committed_state_equal_sglangs_snapshot_tree_verify():
         intermediate_states_buffer=snapshots, intermediate_state_indices=torch.arange(bs, device=DEVICE),
         cache_steps=T, retrieve_parent_token=parents.to(DEVICE),
     )  # fmt: skip
-    bits = pack_ancestor_bits(ancestor_mask(parents)).to(DEVICE)
-    verified = gdn_tree_verify(**inputs, ssm_states=pool, cache_indices=slots, ancestor_bits=bits, scale=K**-0.5)
-    torch.testing.assert_close(verified.o, sglang_out.view(bs, T, HV, V), **TOLERANCE)
+    out, workspace = verify({n: t.cpu() for n, t in inputs.items()}, pool, slots, parents)
+    torch.testing.assert_close(out, sglang_out.view(bs, T, HV, V), **TOLERANCE)
     last = torch.tensor([16, 9], device=DEVICE)
-    gdn_tree_commit(pool, slots, bits, last, verified)
+    gdn_tree_commit(pool[None], workspace[None], slots, last, T)
     torch.testing.assert_close(pool[slots], snapshots[torch.arange(bs), last], **TOLERANCE)

@@ -6,8 +6,8 @@ outputs within bf16 rounding, and the committed state within fp32 rounding of th
 import pytest
 import torch
 
-from sglang_ddtree.gdn_tree_reference import ancestor_mask, pack_ancestor_bits, random_parents
-from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify
+from sglang_ddtree.gdn_tree_reference import random_parents
+from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 pytestmark = pytest.mark.gpu
 H, HV, K = 16, 48, 128
@@ -34,9 +34,10 @@ def test_real_shapes_match_sglangs_snapshot_tree_verify(bs, T, shape):
         intermediate_states_buffer=snapshots, intermediate_state_indices=torch.arange(bs, device="cuda"),
         cache_steps=T, retrieve_parent_token=parents.cuda(),
     ).view(bs, T, HV, K)  # fmt: skip
-    bits = pack_ancestor_bits(ancestor_mask(parents)).cuda()
-    ours = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, bits, K**-0.5)
-    torch.testing.assert_close(ours.o.float(), theirs.float(), rtol=2e-2, atol=2e-2)
+    workspace = torch.empty(bs, workspace_numel(T, HV, K, K), device="cuda")
+    ours = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents.to(torch.int32).cuda(), workspace,
+                           torch.arange(bs, device="cuda"), K**-0.5)  # fmt: skip
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
     last = torch.randint(0, T, (bs,), generator=g).cuda()
-    gdn_tree_commit(pool, slots, bits, last, ours)
+    gdn_tree_commit(pool[None], workspace[None], slots, last, T)
     torch.testing.assert_close(pool[slots], snapshots[torch.arange(bs, device="cuda"), last], rtol=1e-3, atol=1e-3)
