@@ -21,6 +21,7 @@ import importlib
 import pytest
 import torch
 
+from sglang_ddtree.hybrid_tree_verify import WY_VERIFY_ENV
 from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
 from tiny_models import HybridShape, make_qwen35_hybrid_target, make_swa_dflash_drafter
 
@@ -62,8 +63,8 @@ def exact_engine_args(target: str) -> dict:
             "disable_radix_cache": True, "max_mamba_cache_size": 8}  # fmt: skip
 
 
-def generate(engine_args: dict, prompts=PROMPTS, modes=("sequential",)) -> dict:
-    return run_engine_generate(engine_args, prompts, GREEDY, modes=modes, env=EXACT_ENV)
+def generate(engine_args: dict, prompts=PROMPTS, modes=("sequential",), env: dict | None = None) -> dict:
+    return run_engine_generate(engine_args, prompts, GREEDY, modes=modes, env={**EXACT_ENV, **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +91,23 @@ def hf_greedy(model_path: str) -> list[list[int]]:
 # pytest-xdist deals the tests out to its two workers in file order: the DDTREE runs, the longest, go first.
 
 
-@pytest.mark.parametrize("budget", [32, 8])
-def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, budget):
+@pytest.mark.parametrize("budget, gdn_verify", [(32, "snapshots"), (8, "snapshots"), (8, "wy")])
+def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, budget, gdn_verify):
+    """``gdn_verify``: SGLang's per-node snapshot tree verify, or the snapshot-free one from the root state
+    (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py``), whose use the server reports."""
     report = generate(
         {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
          "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": budget + 1},
-        modes=("sequential", "concurrent"),
+        modes=("sequential", "concurrent"), env={WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else None,
     )  # fmt: skip
-    assert report["scheduler_states"][0]["speculative_algorithm"] == "DDTREE"
-    assert report["scheduler_states"][0]["speculative_num_draft_tokens"] == budget + 1
+    state = report["scheduler_states"][0]
+    assert state["speculative_algorithm"] == "DDTREE"
+    assert state["speculative_num_draft_tokens"] == budget + 1
+    if gdn_verify == "wy":
+        used = state["ddtree_gdn_wy_verify"]
+        assert used["layer_verifies"] > 0 and used["commits"] > 0, used
+    else:
+        assert "ddtree_gdn_wy_verify" not in state
     assert report["sequential"]["output_ids"] == ar_outputs
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
     modes = ("sequential", "concurrent")

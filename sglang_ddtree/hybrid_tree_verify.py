@@ -1,0 +1,94 @@
+"""DDTREE's snapshot-free tree verify through Gated DeltaNet layers (``SGLANG_DDTREE_GDN_WY_VERIFY=1``, opt-in until
+the GPU comparison of issue 17 says it is faster).
+
+SGLang 0.5.17 verifies a tree through a GDN layer node by node (``GDNKernelDispatcher.target_verify`` with
+``retrieve_parent_token``), writing every node's state into the layer's ``intermediate_ssm`` buffer, and commits
+by copying the accepted node's (and a prefix-cache track node's) snapshot into the pool
+(``fused_mamba_state_scatter_with_mask``). Two AROUND hooks put ``kernels/gdn_tree.py`` in their place on a
+DDTREE server: the verify computes every node's output from the root state and leaves the commit data in the
+request's row of that same buffer, and the scatter builds the requested nodes' states from it. The conv windows
+keep SGLang's per-node path (a few KiB per node). A float32 state buffer is required (the commit data are
+float32); with ``--mamba-ssm-dtype bfloat16`` both hooks leave SGLang's path in place and say so once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+WY_VERIFY_ENV = "SGLANG_DDTREE_GDN_WY_VERIFY"
+VERIFY_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.target_verify"
+SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_mamba_state_scatter_with_mask"
+_counts = {"layer_verifies": 0, "commits": 0}
+_warned = False
+
+
+def wy_verify_requested() -> bool:
+    return os.environ.get(WY_VERIFY_ENV, "0") not in ("", "0", "false", "False")
+
+
+def _serving_ddtree() -> bool:
+    import sglang_ddtree
+    from sglang.srt.runtime_context import get_spec
+
+    return get_spec().speculative_algorithm == sglang_ddtree.DDTREE_ALGORITHM_NAME
+
+
+def _float32_state(buffer: torch.Tensor) -> bool:
+    global _warned
+    if buffer.dtype == torch.float32:
+        return True
+    if not _warned:
+        logger.warning("%s=1 needs float32 GDN states; %s states keep SGLang's per-node snapshots", WY_VERIFY_ENV,
+                       buffer.dtype)  # fmt: skip
+        _warned = True
+    return False
+
+
+def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispatcher: Any, A_log: torch.Tensor,
+                                    dt_bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # fmt: skip
+    """AROUND ``GDNKernelDispatcher.target_verify``: a DDTREE tree verify through one GDN layer."""
+    from sglang_ddtree.kernels.gdn_tree import gdn_tree_verify
+
+    parents, snapshots = kwargs.get("retrieve_parent_token"), kwargs.get("intermediate_states_buffer")
+    if parents is None or snapshots is None or not _serving_ddtree() or not _float32_state(snapshots):
+        return original(dispatcher, A_log, dt_bias, q, k, v, a, b, **kwargs)
+    bs, T = parents.shape
+    out = gdn_tree_verify(
+        q.view(bs, T, *q.shape[2:]), k.view(bs, T, *k.shape[2:]), v.view(bs, T, *v.shape[2:]),
+        a.view(bs, T, -1), b.view(bs, T, -1), A_log, dt_bias, kwargs["ssm_states"], kwargs["cache_indices"][:bs],
+        parents, snapshots.view(snapshots.shape[0], -1), kwargs["intermediate_state_indices"][:bs],
+        scale=q.shape[-1] ** -0.5,
+    )  # fmt: skip
+    _counts["layer_verifies"] += 1
+    return out.view_as(v)
+
+
+def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Tensor, src: torch.Tensor,
+                                    dst_indices_raw: torch.Tensor, step_indices_raw: torch.Tensor) -> None:  # fmt: skip
+    """AROUND ``fused_mamba_state_scatter_with_mask`` (the SSM part of SGLang's commit after a verify)."""
+    from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit
+
+    if not _serving_ddtree() or not _float32_state(src):
+        return original(dst, src, dst_indices_raw, step_indices_raw)
+    layers, requests, T = src.shape[:3]
+    gdn_tree_commit(dst, src.view(layers, requests, -1), dst_indices_raw, step_indices_raw, T)
+    _counts["commits"] += 1
+    return None
+
+
+def wy_verify_report() -> dict[str, int] | None:
+    """For ``/server_info``: how often this process ran the snapshot-free verify and commit (the verify counts
+    Python calls, so a CUDA-graph replay is counted once, at its capture)."""
+    return dict(_counts) if wy_verify_requested() else None
+
+
+def register(registry: Any, hook_type: Any) -> None:
+    registry.register(VERIFY_TARGET, verify_tree_from_the_root_state, hook_type.AROUND)
+    registry.register(SCATTER_TARGET, commit_nodes_from_the_workspace, hook_type.AROUND)
