@@ -49,6 +49,7 @@ from bench.provenance import checkout_commit
 from bench.side_by_side import stream_generate
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.hybrid_tree_verify import WY_VERIFY_ENV
 from sglang_ddtree.serving import ServerStartError, launched_server
 
 QWEN36_27B_TEXT = {
@@ -103,6 +104,7 @@ class Config:
     width: int = 1  # verify tokens per request
     ssm_dtype: Optional[str] = None
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # the server's environment (e.g. issue 17's WY verify)
 
     def launcher_args(self, models: Path) -> list[str]:
         args = ["--algo", self.algo, "--model-path", str(models / self.model)]
@@ -127,6 +129,7 @@ def default_configs() -> list[Config]:
         ddtree(65, "bfloat16"), ddtree(8), ddtree(65, model="attention_twin", prefix="attention-only "),
         Config("attention-only dflash", "attention_twin", "dflash", 16), ddtree(16, "bfloat16"),
         Config("mtp ssm bf16", "qwen36_27b", "mtp", 4, "bfloat16"),
+        *[Config(f"ddtree N={w} wy", "qwen36_27b", "ddtree", w, env={WY_VERIFY_ENV: "1"}) for w in (33, 16, 65)],
     ]  # fmt: skip
 
 
@@ -298,7 +301,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def _serve_and_measure(args, out: Path, config: Config, launch: list[str], batch_sizes: list[int], row: dict) -> None:
     log = out / f"server_{re.sub(r'[^A-Za-z0-9]+', '_', config.name)}.log"
-    env = {PROFILE_STEPS_ENV: "1"} if config.algo == "ddtree" else {}
+    env = {**({PROFILE_STEPS_ENV: "1"} if config.algo == "ddtree" else {}), **config.env}
     t_start = time.perf_counter()
     try:
         with launched_server(launch, log_path=str(log), env=env, ready_timeout=args.ready_timeout) as url:

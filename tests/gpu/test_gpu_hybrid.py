@@ -67,6 +67,9 @@ SERVERS = {  # kind: (launcher arguments, environment)
     "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], {}),
     "ddtree_radix": ([*DDTREE, "--model-path", TARGET], {}),
+    # issue 17's snapshot-free GDN tree verify, graph replays checked against eager re-runs too
+    "ddtree_wy": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
+                  {"SGLANG_DDTREE_GDN_WY_VERIFY": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}),
     "dflash": (["--algo", "dflash", "--model-path", TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}),
     "ddtree_text": ([*DDTREE, "--model-path", TEXT_TARGET, *NO_RADIX], {}),
@@ -136,7 +139,7 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
 
 
 @pytest.mark.servers("ar")
-@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_radix"])
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_radix", "ddtree_wy"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
     metas = check_greedy(servers, ar_outputs, kind, backend, "DDTREE")
@@ -158,10 +161,11 @@ def test_text_only_arch_serves_dflash_family_drafters(servers, ar_outputs, backe
     check_greedy(servers, ar_outputs, kind, backend, algorithm)
 
 
-@pytest.mark.servers("ddtree_graphs")
+@pytest.mark.servers()
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_wy"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend):
-    url = url_of(servers, "ddtree_graphs", backend)
+def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend, kind):
+    url = url_of(servers, kind, backend)
     generate_all(url, PROMPTS[:4], NEW_TOKENS)
     check = http_json(url + "/server_info")["internal_states"][0]["ddtree_graph_verify_check"]
     record({"test": "hybrid_graph_check", "backend": backend, **check})
