@@ -45,6 +45,7 @@ from sglang.srt.utils.nvtx_utils import profile_method, profile_range
 
 from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.ddtree_simulation import CURRENT_TREE, simulated_acceptance_mean
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
@@ -82,6 +83,10 @@ class DDTreeWorker(DFlashWorkerV2):
         self._check_tp_trees = tp_tree_check_requested()
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
+        self._simulating = simulated_acceptance_mean() > 0
+        if self._simulating:
+            logger.warning("DDTREE simulates acceptance (SGLANG_SIMULATE_ACC_LEN=%s, along each tree's best branch): "
+                           "cost only, the output is not the target's", simulated_acceptance_mean())  # fmt: skip
 
     def _maybe_build_draft_sampler(self) -> DDTreeDraftHead:
         """Called before the draft graphs are captured: DFlash folds the returned callable into their tail
@@ -132,6 +137,8 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
         batch.spec_info = self._verify_input(tree, batch)
+        if self._simulating:
+            CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
         with profile_range("ddtree.run_eagle_verify"):
             result = run_eagle_verify(

@@ -39,13 +39,15 @@ def report_plugin_in_internal_state(
     from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
     from sglang_ddtree.ddtree_step_profile import step_profile_report
     from sglang_ddtree.ddtree_tp_check import tp_tree_check_report
+    from sglang_ddtree.ddtree_simulation import simulation_report
     from sglang_ddtree.hybrid_tree_verify import wy_verify_report
 
     output.internal_state["sglang_ddtree_version"] = sglang_ddtree.__version__
     for name, report in (("ddtree_graph_verify_check", graph_verify_check_report()),
                          ("ddtree_tp_tree_check", tp_tree_check_report()),
                          ("ddtree_step_profile", step_profile_report()),
-                         ("ddtree_gdn_wy_verify", wy_verify_report())):  # fmt: skip
+                         ("ddtree_gdn_wy_verify", wy_verify_report()),
+                         ("ddtree_simulated_acceptance", simulation_report())):  # fmt: skip
         if report is not None:
             output.internal_state[name] = report
     return output
@@ -74,7 +76,14 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ddtree import ddtree_cuda_graph, ddtree_requests, ddtree_spec, hybrid_targets, hybrid_tree_verify
+    from sglang_ddtree import (
+        ddtree_cuda_graph,
+        ddtree_requests,
+        ddtree_simulation,
+        ddtree_spec,
+        hybrid_targets,
+        hybrid_tree_verify,
+    )
 
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
     HookRegistry.register(_EXTEND_FORWARD_KWARGS, keep_input_embeds_in_model_dtype, HookType.AROUND)
@@ -91,6 +100,7 @@ def register() -> None:
         HookRegistry.register(
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND
         )
+    ddtree_simulation.register(HookRegistry, HookType)  # a pass-through unless a DDTREE worker simulates
     if hybrid_tree_verify.wy_verify_requested():
         hybrid_tree_verify.register(HookRegistry, HookType)
     _register_ddtree_algorithm()

@@ -85,3 +85,33 @@ def test_tensor_parallel_ranks_build_identical_trees_and_stay_lossless(models, a
     check = report["scheduler_states"][0]["ddtree_tp_tree_check"]
     assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
     assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0
+
+
+def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models):
+    """``SGLANG_SIMULATE_ACC_LEN`` on DDTREE (cost-only, issue 18): SGLang's "match-expected" draw at 1.5 commits 1
+    or 2 tokens per verify, half and half, along each tree's first-child branch (the random drafter's trees are
+    wide, so deeper branches are the unit test's below), the server keeps serving on the committed tokens, and it
+    says that it simulates."""
+    target, drafter = models
+    engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+              "speculative_num_draft_tokens": 9}  # fmt: skip
+    report = run_engine_generate(engine, PROMPTS, GREEDY, env={"SGLANG_SIMULATE_ACC_LEN": "1.5"})
+    assert report["scheduler_states"][0]["ddtree_simulated_acceptance"]["mean_accept_length"] == 1.5
+    metas = report["sequential"]["meta_info"]
+    assert all(meta["completion_tokens"] == GREEDY["max_new_tokens"] for meta in metas)
+    verifies = sum(m["spec_verify_ct"] for m in metas)
+    drafts_per_verify = sum(m["spec_num_correct_drafts"] for m in metas) / verifies
+    # ~64 draws of 0 or 1 drafts: 0.5 within 4 standard deviations (a cut last verify only lowers it)
+    assert 0.5 - 0.25 <= drafts_per_verify <= 0.5 + 0.25, (drafts_per_verify, verifies)
+
+
+def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():
+    import torch
+
+    from sglang_ddtree.ddtree_simulation import best_branch_accept_index
+
+    # Tree 0: 0 -> 1 -> 3 -> 4, with 2 a second child of 0. Tree 1: 0 -> 1, and 1 has no child.
+    next_token = torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1]])
+    assert best_branch_accept_index(next_token, length=3, width=5).tolist() == [[0, 1, 3, -1, -1], [5, 6, -1, -1, -1]]
+    assert best_branch_accept_index(next_token, length=9, width=4).tolist() == [[0, 1, 3, 4], [5, 6, -1, -1]]
+    assert best_branch_accept_index(next_token, length=1, width=4).tolist() == [[0, -1, -1, -1], [5, -1, -1, -1]]
