@@ -43,7 +43,7 @@ def describe_validation_errors(errors: Sequence[dict[str, Any]], body: Any) -> s
             position = loc_parts[-1] if loc_parts and isinstance(loc_parts[-1], int) else -1
             parts.append(f"malformed JSON at {json_error_position(body, position)}: {reason}")
         else:
-            field = ".".join(loc[1:] if loc[:1] == ["body"] else loc) or "request"
+            field = ".".join(loc[1:] if loc[:1] == ["body"] else loc) or "request body"
             parts.append(f"{field}: {error.get('msg') or reason}")
     return "; ".join(parts) or "invalid request"
 

@@ -11,6 +11,7 @@ from typing import Optional
 import pytest
 
 from sglang_ddtree.serving import free_port, launched_server
+from sglang_ddtree.server_hygiene import describe_validation_errors, json_error_position
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
 pytestmark = pytest.mark.slow
@@ -52,6 +53,17 @@ def assert_clean(message: str) -> None:
         assert leak not in message, message
 
 
+def test_json_errors_are_placed_by_line_and_column():
+    assert json_error_position('{"a": 1,\n  , }', 11) == "line 2 column 3"
+    assert json_error_position(b'{"a": }', 6) == "line 1 column 7"
+    assert json_error_position(None, 6) == "position 6"  # the body is not known: the offset, still no internals
+    errors = [{"type": "json_invalid", "loc": ("body", 6), "msg": "JSON decode error", "input": {},
+               "ctx": {"error": "unexpected character"}}]  # fmt: skip
+    assert describe_validation_errors(errors, '{"a": }') == "malformed JSON at line 1 column 7: unexpected character"
+    assert describe_validation_errors([{"type": "missing", "loc": ("body",), "msg": "Field required"}], b"") == (
+        "request body: Field required")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("hygiene_models")
@@ -88,11 +100,19 @@ def test_malformed_json_is_named_with_its_line_and_column_without_server_paths(s
     assert_clean(message)
 
 
-def test_a_field_of_the_wrong_type_is_named_without_server_paths(server):
-    status, body = call(server + "/v1/chat/completions", {"model": "default", "messages": "t9"})
+@pytest.mark.parametrize(
+    "path, payload, expected",
+    [
+        ("/v1/chat/completions", {"model": "default", "messages": "t9"}, "messages: Input should be a valid list"),
+        ("/v1/chat/completions", {"model": "default"}, "messages: Field required"),
+        ("/generate", {"input_ids": "t9"}, "input_ids: Value error, must be list or null"),
+    ],
+)  # fmt: skip
+def test_a_missing_or_mistyped_field_is_named_without_server_paths(server, path, payload, expected):
+    status, body = call(server + path, payload)
     assert status == 400
     message = error_message(body)
-    assert "messages" in message
+    assert message.startswith(expected), message
     assert_clean(message)
 
 
@@ -149,6 +169,7 @@ def test_health_stays_open_for_liveness_probes(server):
     """SGLang 0.5.17 lets /health* (and /metrics, when enabled) through without the key, for liveness probes and
     scrapers (``utils/auth.decide_request_auth``): recorded here so that a change shows up."""
     assert call(server + "/health", key=None)[0] == 200
+    assert call(server + "/health_generate", key=None)[0] == 200  # open too, though it runs a 1-token generation
 
 
 def test_the_server_binds_loopback_by_default(server):
