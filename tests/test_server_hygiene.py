@@ -87,7 +87,7 @@ def test_first_chat_request_is_not_slower_than_later_ones(server):
         seconds.append(time.monotonic() - start)
         assert status == 200, body
     first, later = seconds[0], min(seconds[1:])
-    assert first <= 3 * later + 2.0, f"first chat {first:.2f} s, later ones {seconds[1:]}"
+    assert first <= 3 * later + 5.0, f"first chat {first:.2f} s, later ones {seconds[1:]}"
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/chat/completions", "/v1/completions"])
