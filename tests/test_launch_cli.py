@@ -107,6 +107,24 @@ def test_unknown_flags_pass_through_unchanged_and_last(models):
     assert flag(argv, "--host") == "0.0.0.0"
 
 
+def test_a_network_bind_without_api_key_warns_in_one_line_and_still_starts(models):
+    """Anyone who reaches a server bound beyond loopback without --api-key can use every endpoint: the launcher
+    says so on stderr (one line, naming the risk and the fix) and still serves, since that can be intended."""
+    result = launch("--algo", "ar", "--model-path", models["target"], "--host", "0.0.0.0", "--dry-run")
+    assert result.returncode == 0
+    assert flag(shlex.split(result.stdout.strip()), "--host") == "0.0.0.0"
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sglang_ddtree.launch: warning: --host 0.0.0.0 ")
+    assert "without authentication" in lines[0] and "--api-key" in lines[0]
+
+
+@pytest.mark.parametrize("host_args", [[], ["--host", "127.0.0.1"], ["--host", "0.0.0.0", "--api-key", "k"]])
+def test_loopback_or_an_api_key_starts_without_a_warning(models, host_args):
+    result = launch("--algo", "ar", "--model-path", models["target"], *host_args, "--dry-run")
+    assert result.returncode == 0 and result.stderr == ""
+
+
 def test_without_model_path_the_embedded_demo_model_is_served(models, tmp_path):
     env = {**os.environ, "SGLANG_DDTREE_CACHE_DIR": str(tmp_path)}
     result = launch("--algo", "ar", "--dry-run", env=env)
