@@ -34,13 +34,15 @@ def run_engine_generate(
     modes: tuple[str, ...] = ("sequential",),
     timeout: float = 900,
     env: dict[str, str] | None = None,
+    streamed: list[bool] | None = None,
 ) -> dict[str, Any]:
     """Run ``sglang.Engine(**engine_args).generate(...)`` in a fresh process and return its JSON report.
 
     ``sampling_params``: one dict for every prompt, or one per prompt. ``modes``: "sequential" sends the prompts
     one at a time, "concurrent" sends the first
     ``CONCURRENT_REQUESTS`` as one batch; the report has
-    ``{mode: {"output_ids": [...], "meta_info": [...]}}`` and the schedulers' ``internal_states``.
+    ``{mode: {"output_ids": [...], "meta_info": [...]}}`` and the schedulers' ``internal_states``. ``streamed``
+    (sequential mode): which prompts are sent with ``stream=True``; their chunks are under ``"chunks"``.
 
     A separate process per engine keeps SGLang's scheduler children, signal handlers and global state out of
     the test process, and lets a hung engine be killed as a process group.
@@ -51,6 +53,7 @@ def run_engine_generate(
         "sampling_params": sampling_params,
         "modes": list(modes),
         "concurrent_requests": CONCURRENT_REQUESTS,
+        "streamed": streamed,
     }
     proc = subprocess.Popen(
         [sys.executable, ENGINE_SCRIPT, json.dumps(request)],

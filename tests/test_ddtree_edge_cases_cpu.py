@@ -1,21 +1,25 @@
-"""Where a tree can go wrong silently: a verify accepts up to block - 1 drafted tokens at once, so a stop, an EOS or
-a length limit can fall inside an accepted path. Each case is served by DDTREE and by AR on SGLang's float32 CPU
-engine and must give the same tokens, text and finish reason.
+"""Where a tree can go wrong silently: a verify accepts up to block - 1 drafted tokens at once, so a stop, an EOS, a
+length limit or a grammar's end can fall inside an accepted path, and a grammar must mask every node of the tree, not
+only its root. Each case is served by DDTREE and by AR on SGLang's float32 CPU engine and must give the same tokens,
+text and finish reason; streamed, every chunk must be a prefix of that output.
 
 The target's EOS is set to a token that one greedy continuation first reaches a few tokens in, and the stops are
-taken from the continuations too, so each lands where a tree with accepted drafts may be mid-path.
+taken from the continuations too, so each lands where a tree with accepted drafts may be mid-path. Ids 4-9 spell
+JSON pieces (the other words are ``t<id>``; the EOS and the stop word are chosen among ids >= 10), so that a JSON
+schema can be served at all.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
 
 from support import CPU_ENGINE_ARGS, run_engine_generate
-from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
+from tiny_models import BOOLEAN_SCHEMA, JSON_WORDS, TinyShape, make_dflash_drafter, make_qwen3_target, write_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -25,6 +29,18 @@ CONTINUATION = 16
 PENALTIES = [("frequency_penalty", 0.5), ("presence_penalty", 0.5), ("repetition_penalty", 1.3)]
 LONG_PROMPT = [(5 * j) % 60 + 4 for j in range(CONTEXT)]
 INPUT_LIMIT = CONTEXT - 7  # SGLang's longest prompt at this context length (it refuses 47 tokens: limit 42)
+# (case, prompt, request's grammar, what the output's words joined must fully match): each one changes AR's greedy
+# output; on PROMPTS[7] the tree accepts drafts under the grammar (the test asserts that some are accepted).
+GRAMMARS = [
+    ("regex", 7, {"regex": "(t51|t3[0-46-9])+"}, r"(t51|t3[0-46-9])+"),
+    ("regex ending inside a path", 7, {"regex": "(t51|t3[0-46-9]){4}"}, r"(t51|t3[0-46-9]){4}"),
+    ("ebnf", 3, {"ebnf": 'root ::= pair+\npair ::= "t5" [0-9] "t1" [0-9]'}, r"(t5[0-9]t1[0-9])+(t5[0-9])?"),
+    ("json_schema", 3, {"json_schema": json.dumps(BOOLEAN_SCHEMA)}, r'\{"a":(true|false)\}'),
+]
+# (prompt, continuation index) of the streamed stop: a fresh token >= t10 that DDTREE's tree commits in one step
+# with the token after it (asserted from the stopless stream's steps), so the stop cuts an accepted path.
+PATH_STOP = (2, 3)
+STREAMED = ["stop_token_ids inside a path streamed", "stop string inside a path streamed", "no stop streamed"]
 
 
 def hf_greedy(model_dir: str, prompt: list[int], tokens: int) -> list[int]:
@@ -50,7 +66,8 @@ def fresh_token(continuations: list[list[int]], position: int, minimum: int = 4,
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """The models (the target's EOS moved onto a token of a greedy continuation) and the cases."""
+    """The models (the target's EOS moved onto a token of a greedy continuation), the cases and the ids that spell
+    JSON pieces."""
     root = tmp_path_factory.mktemp("edge_models")
     target = make_qwen3_target(str(root / "qwen3"), TinyShape(num_layers=LAYERS, vocab_size=VOCAB))
     drafter = make_dflash_drafter(str(root / "dflash"), target_num_layers=LAYERS, block_size=BLOCK,
@@ -65,6 +82,12 @@ def setup(tmp_path_factory):
             json.dump({**config, "eos_token_id": eos}, f)
     stop_prompt, stop_id = fresh_token(continuations, 4, avoid=eos)  # stop ids act only with ignore_eos off
     word_prompt, stop_word = fresh_token(continuations, 4, minimum=10)  # "t10".."t63": no word prefixes another
+    path_prompt, index = PATH_STOP
+    path_stop = continuations[path_prompt][index]
+    assert path_stop >= 10 and path_stop not in continuations[path_prompt][:index] + [eos], continuations[path_prompt]
+    free_ids = [i for i in range(4, VOCAB) if i not in (eos, stop_id, stop_word, path_stop)]
+    json_words = dict(zip(free_ids, JSON_WORDS.values()))
+    write_tokenizer(target, vocab_size=VOCAB, words=json_words)
     greedy = {"temperature": 0.0, "max_new_tokens": CONTINUATION}
     ignore_eos = {**greedy, "ignore_eos": True}
     cases = {
@@ -84,8 +107,15 @@ def setup(tmp_path_factory):
         "prompt of context length - 1": (LONG_PROMPT[: CONTEXT - 1], {**ignore_eos, "max_new_tokens": 1}),
         "prompt at the input limit": (LONG_PROMPT[:INPUT_LIMIT], {**ignore_eos, "max_new_tokens": CONTEXT - INPUT_LIMIT}),
         **{f"{name} {value}": (PROMPTS[4], {**ignore_eos, name: value}) for name, value in PENALTIES},
+        **{case: (PROMPTS[prompt], {**greedy, "max_new_tokens": 9, **grammar})
+           for case, prompt, grammar, _ in GRAMMARS},  # fmt: skip
+        **{f"no grammar {prompt}": (PROMPTS[prompt], {**greedy, "max_new_tokens": 9}) for prompt in (3, 7)},
+        "stop_token_ids inside a path": (PROMPTS[path_prompt], {**greedy, "stop_token_ids": [path_stop]}),
+        "stop string inside a path": (PROMPTS[path_prompt], {**greedy, "stop": [f"t{path_stop}"]}),
+        "no stop": (PROMPTS[path_prompt], {**ignore_eos, "max_new_tokens": 8}),
     }
-    return target, drafter, cases
+    cases.update({case: cases[case.removesuffix(" streamed")] for case in STREAMED})
+    return target, drafter, cases, json_words
 
 
 def engine_args(target: str) -> dict:
@@ -95,9 +125,9 @@ def engine_args(target: str) -> dict:
 
 @pytest.fixture(scope="module")
 def served(setup):
-    """{algorithm: {case: (output_ids, text, finish_reason, refusal, meta_info)}} from one AR and one DDTREE
-    engine."""
-    target, drafter, cases = setup
+    """{algorithm: {case: (output_ids, text, finish_reason, refusal, meta_info, chunks)}} from one AR and one DDTREE
+    engine; ``chunks`` (the streamed cases only): each streamed chunk's ``(text, output_ids, finish_reason)``."""
+    target, drafter, cases, _ = setup
     prompts, params = [ids for ids, _ in cases.values()], [p for _, p in cases.values()]
     runs = {
         "AR": engine_args(target),
@@ -106,19 +136,20 @@ def served(setup):
     }
     out = {}
     for algorithm, args in runs.items():
-        report = run_engine_generate(args, prompts, params)["sequential"]
+        report = run_engine_generate(args, prompts, params, streamed=[case in STREAMED for case in cases])["sequential"]
         out[algorithm] = {
             case: (ids, text, meta["finish_reason"] if isinstance(meta, dict) else [m["finish_reason"] for m in meta],
-                   error, meta)
-            for case, ids, text, error, meta in zip(cases, report["output_ids"], report["text"], report["error"],
-                                                    report["meta_info"])
+                   error, meta, chunks)
+            for case, ids, text, error, meta, chunks in zip(cases, report["output_ids"], report["text"],
+                                                            report["error"], report["meta_info"], report["chunks"])
         }  # fmt: skip
     return out
 
 
 CASES = ["max_new_tokens=1", "max_new_tokens=2", "max_new_tokens=3", "eos", "eos ignored", "stop_token_ids",
          "stop string", "min_new_tokens past a stop", "n=2", "into the context limit", "prompt of context length - 1",
-         "prompt at the input limit"]
+         "prompt at the input limit", "stop_token_ids inside a path", "stop string inside a path", "no stop",
+         *(case for case, _, _, _ in GRAMMARS)]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -131,15 +162,14 @@ def test_ddtree_serves_the_edge_case_exactly_as_ar(served, case):
 def test_a_penalty_is_refused_by_ddtree_with_the_reason_and_served_by_ar(served, name, value):
     """A tree verify cannot apply penalties along its drafted path (served, DDTREE ignored them: its greedy output
     was the unpenalised one), so DDTREE refuses them in words rather than serving something else."""
-    ar_ids, _, _, ar_error, _ = served["AR"][f"{name} {value}"]
-    ids, _, _, error, _ = served["DDTREE"][f"{name} {value}"]
+    ar_ids, _, _, ar_error, _, _ = served["AR"][f"{name} {value}"]
+    ids, _, _, error, _, _ = served["DDTREE"][f"{name} {value}"]
     assert ar_error is None and len(ar_ids) == CONTINUATION
     assert ids is None and error.startswith(f"DDTREE speculative decoding does not support {name}")
 
 
-def test_the_cases_exercise_what_they_name(setup, served):
+def test_the_cases_exercise_what_they_name(served):
     """The stops and the EOS really end the generations early, and the tree accepted drafts on the way."""
-    _, _, cases = setup
     ar = served["AR"]
     assert [len(ar[f"max_new_tokens={n}"][0]) for n in (1, 2, 3)] == [1, 2, 3]
     assert len(ar["eos"][0]) < CONTINUATION  # ends at the EOS
@@ -150,3 +180,45 @@ def test_the_cases_exercise_what_they_name(setup, served):
     assert ar["prompt of context length - 1"][3] and not ar["prompt at the input limit"][3]  # refused / served
     ddtree_meta = [served["DDTREE"][c][4] for c in ("eos", "stop_token_ids", "stop string", "into the context limit")]
     assert sum(m["spec_num_correct_drafts"] for m in ddtree_meta) > 0
+
+
+def words(ids: list[int], json_words: dict[int, str], eos: int) -> str:
+    """The output's words joined as the grammar reads them, without the EOS a finished grammar ends on."""
+    return "".join(json_words.get(token, f"t{token}") for token in (ids[:-1] if ids and ids[-1] == eos else ids))
+
+
+@pytest.mark.parametrize("case, prompt, pattern", [(case, prompt, pattern) for case, prompt, _, pattern in GRAMMARS])
+def test_a_grammar_constrains_ddtree_exactly_as_ar(setup, served, case, prompt, pattern):
+    """Structured output (SGLang's ``regex``, ``ebnf`` and ``json_schema`` sampling parameters, which
+    ``response_format`` on /v1/chat/completions becomes) is served by DDTREE with the grammar masking every tree
+    node the verify walks: the output follows the grammar and equals AR's under the same grammar token for token.
+    A grammar that changes nothing would prove nothing, so AR's unconstrained output must differ."""
+    target, _, _, json_words = setup
+    with open(os.path.join(target, "config.json")) as f:
+        text = words(served["AR"][case][0], json_words, json.load(f)["eos_token_id"])
+    assert served["AR"][case][3] is None and re.fullmatch(pattern, text), text
+    assert served["AR"][case][0] != served["AR"][f"no grammar {prompt}"][0]
+    assert served["DDTREE"][case][:4] == served["AR"][case][:4]
+
+
+def test_the_grammar_cases_accept_drafted_tokens(served):
+    """The tree's drafts are accepted under a grammar too (else only the root, as a chain of one, was checked)."""
+    assert sum(served["DDTREE"][case][4]["spec_num_correct_drafts"] for case, _, _, _ in GRAMMARS) > 0
+
+
+@pytest.mark.parametrize("case", ["stop_token_ids inside a path streamed", "stop string inside a path streamed"])
+def test_a_streamed_stop_inside_an_accepted_path_streams_nothing_past_it(served, case):
+    """Streamed (``stream=True``, as ``"stream": true`` on /generate), a stop that falls inside a path the tree
+    accepted in one step: every chunk is a prefix of AR's non-streamed output, so nothing after the stop is ever
+    streamed, and the last chunk is that output with its finish reason. Without the stop, DDTREE's step that
+    reached the stop's position committed the next token too, so the stop really cut an accepted path."""
+    ar_ids, ar_text, ar_finish, _, _, _ = served["AR"][case.removesuffix(" streamed")]
+    for algorithm in ("AR", "DDTREE"):
+        chunks = served[algorithm][case][5]
+        for chunk in chunks[:-1]:
+            assert ar_ids[: len(chunk["output_ids"])] == chunk["output_ids"] and chunk["finish_reason"] is None
+            assert ar_text.startswith(chunk["text"])
+        last = chunks[-1]
+        assert (last["output_ids"], last["text"], last["finish_reason"]) == (ar_ids, ar_text, ar_finish)
+    committed = [len(chunk["output_ids"]) for chunk in served["DDTREE"]["no stop streamed"][5]]
+    assert any(before < len(ar_ids) < after for before, after in zip(committed, committed[1:])), committed

@@ -9,7 +9,7 @@ import sglang_ddtree
 from sglang_ddtree.ddtree_step_profile import PHASES
 from sglang_ddtree.serving import absolute_local_paths, default_log_path, free_port, launched_server
 from support import http_json
-from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
+from tiny_models import BOOLEAN_SCHEMA, JSON_WORDS, TinyShape, make_dflash_drafter, make_qwen3_target, write_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +84,12 @@ def http_error(url: str, payload: dict) -> tuple[int, str]:
     return error.value.code, error.value.read().decode()
 
 
-def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp_path):
+def test_ddtree_server_reports_tree_acceptance_serves_response_format_and_refuses_logprobs_with_400(tmp_path):
+    """Also: OpenAI's ``response_format`` with a JSON schema reaches DDTREE's grammar-masked tree verify and comes
+    back as JSON of that schema (token-identity with AR under grammars: tests/test_ddtree_edge_cases_cpu.py)."""
     block_size, budget = 4, 8
     target = make_qwen3_target(str(tmp_path / "qwen3"), TinyShape(num_layers=4, vocab_size=64))
+    write_tokenizer(target, vocab_size=64, words=JSON_WORDS)
     drafter = make_dflash_drafter(str(tmp_path / "dflash"), target_num_layers=4, block_size=block_size,
                                   shape=TinyShape(num_layers=1, vocab_size=64), target_layer_ids=[0, 2])  # fmt: skip
     port = free_port()
@@ -110,6 +113,12 @@ def test_ddtree_server_reports_tree_acceptance_and_refuses_logprobs_with_400(tmp
         # the last one may overshoot the limit.
         assert 24 <= 1 + verifies + accepted_drafts < 24 + block_size
         assert meta["spec_accept_length"] == pytest.approx(24 / verifies)
+
+        schema = {"type": "json_schema", "json_schema": {"name": "a", "schema": BOOLEAN_SCHEMA}}
+        chat = http_json(url + "/v1/chat/completions", {
+            "model": "default", "messages": [{"role": "user", "content": "t10 t11"}], "max_tokens": 8, "temperature": 0,
+            "response_format": schema})  # fmt: skip
+        assert json.loads(chat["choices"][0]["message"]["content"]) in ({"a": True}, {"a": False})
 
         status, body = http_error(
             url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}, "return_logprob": True}

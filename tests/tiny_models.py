@@ -23,6 +23,10 @@ VOCAB_SIZE = 512
 EOS_TOKEN_ID = 2
 MASK_TOKEN_ID = 3
 _SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|MASK|>"]
+# Words for ``write_tokenizer(words=...)`` that let a grammar spell a JSON object such as {"a": true}.
+JSON_WORDS = {4: "{", 5: "}", 6: '"a"', 7: ":", 8: "true", 9: "false"}
+BOOLEAN_SCHEMA = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+                  "additionalProperties": False}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,13 +42,14 @@ class TinyShape:
     vocab_size: int = VOCAB_SIZE
 
 
-def write_tokenizer(out_dir: str, vocab_size: int = VOCAB_SIZE) -> None:
-    """A word-level tokenizer over ``t4 .. t{vocab_size - 1}`` so text requests and detokenisation work offline."""
+def write_tokenizer(out_dir: str, vocab_size: int = VOCAB_SIZE, words: dict[int, str] | None = None) -> None:
+    """A word-level tokenizer over ``t4 .. t{vocab_size - 1}`` so text requests and detokenisation work offline;
+    ``words`` replaces some ids' words (e.g. JSON pieces, so that a grammar can spell JSON)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(_SPECIAL_TOKENS)}
-    vocab.update({f"t{i}": i for i in range(len(_SPECIAL_TOKENS), vocab_size)})
+    vocab.update({(words or {}).get(i, f"t{i}"): i for i in range(len(_SPECIAL_TOKENS), vocab_size)})
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer = PreTrainedTokenizerFast(

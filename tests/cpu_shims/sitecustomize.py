@@ -18,6 +18,9 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does two things, both test-only
      non-CUDA tensors; on CPU it is the same gather-scatter in torch indexing.
    - ``layernorm_gated._get_sm_count``: the Triton gated RMSNorm (Qwen3.5's GDN output norm; the CPU engine runs
      it when the CPU lacks AMX) sizes its row blocks from ``torch.cuda``'s SM count; on CPU it counts 1.
+   - ``xgrammar_backend``: the grammar bitmask is allocated pinned (no pinned allocator without CUDA: the
+     scheduler crashed on the first grammar request, AR's too) and applied only to CUDA/NPU logits; on CPU it is
+     allocated unpinned and applied with xgrammar's own CPU kernel.
 """
 
 import importlib.abc
@@ -125,6 +128,36 @@ def _patch_layernorm_gated(module) -> None:
     module._get_sm_count = get_sm_count
 
 
+def _patch_xgrammar_backend(module) -> None:
+    import torch
+    import xgrammar
+
+    allocate = module._allocate_token_bitmask
+    grammar_apply = module.XGrammarGrammar.apply_vocab_mask
+    backend_apply = module.XGrammarGrammarBackend.apply_vocab_mask
+
+    def allocate_unpinned_without_cuda(vocab_size, batch_size):
+        if torch.cuda.is_available():
+            return allocate(vocab_size, batch_size)
+        return torch.full(xgrammar.get_bitmask_shape(batch_size, vocab_size), -1, dtype=xgrammar.bitmask_dtype)
+
+    def grammar_apply_on_cpu(self, logits, vocab_mask):
+        if logits.device.type == "cpu":
+            xgrammar.apply_token_bitmask_inplace(logits, vocab_mask, backend="cpu")
+        else:
+            grammar_apply(self, logits, vocab_mask)
+
+    def backend_apply_on_cpu(logits, vocab_mask):
+        if logits.device.type == "cpu":
+            xgrammar.apply_token_bitmask_inplace(logits, vocab_mask, backend="cpu")
+        else:
+            backend_apply(logits, vocab_mask)
+
+    module._allocate_token_bitmask = allocate_unpinned_without_cuda
+    module.XGrammarGrammar.apply_vocab_mask = grammar_apply_on_cpu
+    module.XGrammarGrammarBackend.apply_vocab_mask = staticmethod(backend_apply_on_cpu)
+
+
 _SGLANG_PATCHES = {
     "sglang.srt.speculative.eagle_utils": _patch_eagle_utils,
     "sglang.srt.arg_groups.speculative_hook": _patch_speculative_hook,
@@ -133,6 +166,7 @@ _SGLANG_PATCHES = {
     "sglang.srt.mem_cache.memory_pool": _patch_memory_pool,
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _patch_mamba_state_scatter,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,
+    "sglang.srt.constrained.xgrammar_backend": _patch_xgrammar_backend,
 }
 
 
