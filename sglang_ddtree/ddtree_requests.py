@@ -10,10 +10,14 @@ import sglang_ddtree
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
-# (sampling parameter, its neutral value): SGLang's speculative verify applies these to the committed prefix
-# only, not along a drafted path, and on DDTREE's path not at all: greedy output differed from AR's on every
-# case tried (tests/test_ddtree_edge_cases_cpu.py).
-UNSUPPORTED_PENALTIES = (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0))
+# (sampling parameter, its neutral value): logit processors that depend on how many tokens precede each one.
+# SGLang's speculative verify applies them once per request, to every node of the step, not per node along a
+# drafted path: penalties were ignored on DDTREE's path (greedy output differed from AR's on every case tried),
+# and ``min_new_tokens``' stop-token mask stayed on nodes past its end, replacing a stop AR emits there
+# (tests/test_ddtree_edge_cases_cpu.py).
+UNSERVABLE_SAMPLING_PARAMS = (
+    ("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0), ("min_new_tokens", 0),
+)  # fmt: skip
 
 
 def _serving_ddtree() -> bool:
@@ -29,8 +33,8 @@ def refuse_what_ddtree_cannot_serve(original: Callable[..., Optional[str]], req:
         return error
     if error is not None:
         return error.replace("DFLASH", sglang_ddtree.DDTREE_ALGORITHM_NAME)
-    penalties = [name for name, neutral in UNSUPPORTED_PENALTIES if getattr(req.sampling_params, name) != neutral]
-    if penalties:
-        return (f"DDTREE speculative decoding does not support {', '.join(penalties)}: a tree verify cannot apply "
+    unservable = [name for name, neutral in UNSERVABLE_SAMPLING_PARAMS if getattr(req.sampling_params, name) != neutral]
+    if unservable:
+        return (f"DDTREE speculative decoding does not support {', '.join(unservable)}: a tree verify cannot apply "
                 "them along the drafted tokens; serve such requests without speculative decoding.")  # fmt: skip
     return None

@@ -147,7 +147,7 @@ def served(setup):
 
 
 CASES = ["max_new_tokens=1", "max_new_tokens=2", "max_new_tokens=3", "eos", "eos ignored", "stop_token_ids",
-         "stop string", "min_new_tokens past a stop", "n=2", "into the context limit", "prompt of context length - 1",
+         "stop string", "n=2", "into the context limit", "prompt of context length - 1",
          "prompt at the input limit", "stop_token_ids inside a path", "stop string inside a path", "no stop",
          *(case for case, _, _, _ in GRAMMARS)]
 
@@ -166,6 +166,16 @@ def test_a_penalty_is_refused_by_ddtree_with_the_reason_and_served_by_ar(served,
     ids, _, _, error, _, _ = served["DDTREE"][f"{name} {value}"]
     assert ar_error is None and len(ar_ids) == CONTINUATION
     assert ids is None and error.startswith(f"DDTREE speculative decoding does not support {name}")
+
+
+def test_min_new_tokens_is_refused_by_ddtree_with_the_reason_and_served_by_ar(served):
+    """SGLang's verify keeps ``min_new_tokens``' stop-token mask on every node of a step, also past its end, so a
+    stop that AR emits inside an accepted path was replaced (prompt 2, stop 58, min 4: AR ``[52, 52, 52, 46, 58]``,
+    DDTREE ``[52, 52, 52, 46, 46, 46, 13, 46]``); DDTREE refuses the parameter rather than serve something else."""
+    ar_ids, _, _, ar_error, _, _ = served["AR"]["min_new_tokens past a stop"]
+    ids, _, _, error, _, _ = served["DDTREE"]["min_new_tokens past a stop"]
+    assert ar_error is None and ar_ids
+    assert ids is None and error.startswith("DDTREE speculative decoding does not support min_new_tokens")
 
 
 def test_the_cases_exercise_what_they_name(served):
