@@ -294,6 +294,12 @@ def stream_generate(url: str, payload: dict, timeout: float = 1800) -> tuple[flo
     return start, first or end, end, last
 
 
+def flush_prefix_cache(url: str) -> None:
+    """Empty the server's prefix cache; SGLang refuses (400) while a request still runs, ``?timeout=`` waits for
+    its scheduler to go idle first."""
+    urllib.request.urlopen(urllib.request.Request(url + "/flush_cache?timeout=60", method="POST"), timeout=120)
+
+
 def run_cell(url: str, config: str, prompts: list[dict], temperature: float, concurrency: int,
              max_new_tokens: int) -> list[RequestRecord]:  # fmt: skip
     params = {"max_new_tokens": max_new_tokens, "temperature": temperature}
@@ -443,7 +449,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             with launched_server([*launch_args, *shared], log_path=log, env=env, ready_timeout=900) \
                     if config not in attached else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
-                urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=60)
+                flush_prefix_cache(url)
                 if config == "ar" and 0.0 in args.temperatures:
                     ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
                 for temperature, concurrency in cells:
@@ -468,7 +474,7 @@ def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, 
     requests), then flush the prefix cache, so that every cell starts from the same cache state."""
     batch = [warmup[i % len(warmup)] for i in range(max(concurrency, len(warmup)))]
     run_cell(url, config, batch, temperature, concurrency, 32)
-    urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", method="POST"), timeout=60)
+    flush_prefix_cache(url)
 
 
 def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict, list[dict]]:

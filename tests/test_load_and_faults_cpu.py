@@ -198,7 +198,8 @@ def concurrent_clients_get_the_tokens_and_verify_steps_of_requests_sent_alone(se
     figures["sequential"] = {"requests": SEQUENTIAL, "wall_s": round(time.monotonic() - start, 2)}
     assert alone == reference["outputs"][:SEQUENTIAL]
 
-    with urllib.request.urlopen(url + "/flush_cache", data=b"") as response:  # answers in plain text
+    # SGLang refuses a flush (400) while a request is still running; ?timeout= waits for the scheduler to go idle.
+    with urllib.request.urlopen(url + "/flush_cache?timeout=60", data=b"", timeout=120) as response:  # plain text
         assert response.status == 200
     accepted_drafts, cached = 0, []
     for round_index in range(ROUNDS):

@@ -184,7 +184,7 @@ def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, ba
     answer = generate(url, first_turn, NEW_TOKENS)["output_ids"]
     second_turn = first_turn + answer + PROMPTS[2]
     hit = generate(url, second_turn, 64)
-    with urllib.request.urlopen(url + "/flush_cache", timeout=60) as response:  # answers in plain text
+    with urllib.request.urlopen(url + "/flush_cache?timeout=60", timeout=120) as response:  # waits for idle
         assert response.status == 200
     full = generate(url, second_turn, 64)
     record({"test": "hybrid_prefix_cache", "backend": backend, "cached_tokens_hit": hit["meta_info"]["cached_tokens"],
