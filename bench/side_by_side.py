@@ -301,8 +301,8 @@ def flush_prefix_cache(url: str) -> None:
 
 
 def run_cell(url: str, config: str, prompts: list[dict], temperature: float, concurrency: int,
-             max_new_tokens: int) -> list[RequestRecord]:  # fmt: skip
-    params = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+             max_new_tokens: int, ignore_eos: bool = False) -> list[RequestRecord]:  # fmt: skip
+    params = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos}
 
     def one(prompt: dict) -> RequestRecord:
         start, first, end, last = stream_generate(url, {"input_ids": prompt["input_ids"], "sampling_params": params})

@@ -2,7 +2,8 @@
 
     python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
         [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
-        [--trace-steps 8] --out DIR [-- shared SGLang server flags ...]
+        [--trace-steps 8] [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] --out DIR
+        [-- shared SGLang server flags ...]
 
 Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
 a warm-up at that batch size:
@@ -14,6 +15,13 @@ a warm-up at that batch size:
    worker's profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: the scheduler's
    functions, the worker's phases, host time blocked in syncs, kernel and graph launches, GPU busy and idle
    time. ``--trace-steps 0`` skips it.
+
+A step's cost depends on shapes, not weights: with ``--load-format dummy`` after ``--`` (random target weights)
+and ``--ignore-eos``, ``--simulate-tau ALGO=MEAN`` makes that algorithm's servers commit a drawn length of mean
+MEAN per verify (SGLang's ``SGLANG_SIMULATE_ACC_LEN``; DDTREE along each tree's best branch), so a model's
+shape is profiled at a measured acceptance without its weights. The report says which cells simulated.
+Traced servers run with ``SGLANG_DDTREE_TRACE_RANGES=1`` (ranges inside SGLang's verify, see
+``sglang_ddtree.ddtree_trace_ranges``); their untraced step wall is measured the same way.
 
 Writes ``step_profile.json`` (every number, the traces' paths, the commands) and ``step_profile.md`` after
 every configuration; the traces stay under ``DIR/traces``.
@@ -60,7 +68,7 @@ def _post(url: str, payload: dict) -> None:
 
 
 def traced_steps(url: str, config: str, prompts: list[dict], batch: int, max_new_tokens: int, steps: int,
-                 trace_dir: Path) -> dict:  # fmt: skip
+                 trace_dir: Path, ignore_eos: bool = False) -> dict:  # fmt: skip
     """Trace the first ``steps`` decode steps of ``batch`` requests and account them (``bench.step_trace``).
 
     The profiler is armed by stage before the requests are sent: SGLang writes the prefill steps to one trace and
@@ -69,7 +77,7 @@ def traced_steps(url: str, config: str, prompts: list[dict], batch: int, max_new
     trace_dir.mkdir(parents=True, exist_ok=True)
     _post(url + "/start_profile", {"output_dir": str(trace_dir), "num_steps": steps, "activities": ["CPU", "GPU"],
                                    "with_stack": False, "record_shapes": False, "profile_by_stage": True})  # fmt: skip
-    run_cell(url, config, prompts[:batch], 0.0, batch, max_new_tokens)
+    run_cell(url, config, prompts[:batch], 0.0, batch, max_new_tokens, ignore_eos)
     deadline = time.monotonic() + 120
     while not (traces := sorted(glob.glob(str(trace_dir / "*DECODE*.json*")))) and time.monotonic() < deadline:
         time.sleep(1)
@@ -83,9 +91,9 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
                  out: Path, phases: bool) -> dict:  # fmt: skip
     """Warm up at ``batch``, then the untraced step wall, DDTree's GPU phases and the traced split."""
     warmup = (prompts * batch)[: max(batch, 2)]
-    run_cell(url, config, warmup, 0.0, batch, 32)
+    run_cell(url, config, warmup, 0.0, batch, 32, args.ignore_eos)
     before = server_step_profile(url) if phases else None
-    records = run_cell(url, config, prompts[: 2 * batch], 0.0, batch, args.max_new_tokens)
+    records = run_cell(url, config, prompts[: 2 * batch], 0.0, batch, args.max_new_tokens, args.ignore_eos)
     after = server_step_profile(url) if phases else None
     tokens, verifies = sum(r.completion_tokens for r in records), sum(r.verify_ct for r in records)
     cell = {
@@ -93,13 +101,19 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
         "step_wall_ms": round(statistics.median(w for r in records if (w := step_wall_ms(r)) is not None), 3),
         "tau": round(tokens / verifies, 3) if verifies else None,
         "gpu_phase_ms": {p: round(ms, 3) for p, ms in phase_means(before, after).items()} if phases else None,
+        "simulated_tau": args.simulate_tau.get(config.split()[0]),
     }  # fmt: skip
     if not args.trace_steps:
         return cell
     slug = config.replace(" ", "_").replace("=", "")
     cell["traced"] = traced_steps(url, config, prompts, batch, args.max_new_tokens, args.trace_steps,
-                                  out / "traces" / slug / f"bs{batch}")  # fmt: skip
+                                  out / "traces" / slug / f"bs{batch}", args.ignore_eos)  # fmt: skip
     return cell
+
+
+def tau_text(cell: dict) -> str:
+    tau = cell["tau"] or "–"
+    return f"{tau} (simulated, mean {cell['simulated_tau']})" if cell.get("simulated_tau") else str(tau)
 
 
 def markdown(report: dict) -> str:
@@ -122,25 +136,27 @@ def markdown(report: dict) -> str:
         s = t.get("scheduler_ms", {})
         phases = f"{sum(c['gpu_phase_ms'].values()):.2f}" if c.get("gpu_phase_ms") else "–"
         if "wall_ms" not in t:
-            lines.append(f"| {c['config']} | {c['batch']} | {c['tau'] or '–'} | {c['step_wall_ms']:.2f} | {phases} | "
+            lines.append(f"| {c['config']} | {c['batch']} | {tau_text(c)} | {c['step_wall_ms']:.2f} | {phases} | "
                          f"{t.get('error', '–')} | | | | | | | | |")  # fmt: skip
             continue
         other = t["wall_ms"] - s["run_batch"] - s["process_batch_result"] - s["get_next_batch_to_run"]
         lines.append(
-            f"| {c['config']} | {c['batch']} | {c['tau'] or '–'} | {c['step_wall_ms']:.2f} | {phases} | "
+            f"| {c['config']} | {c['batch']} | {tau_text(c)} | {c['step_wall_ms']:.2f} | {phases} | "
             f"{t['wall_ms']:.2f} | {t['gpu_busy_ms']:.2f} | {t['gpu_idle_ms']:.2f} | {t['sync_ms']:.2f} | "
             f"{t['launches']:.0f} ({t['graph_launches']:.0f}) | {s['run_batch']:.2f} | {s['process_batch_result']:.2f} | "
             f"{s['get_next_batch_to_run']:.2f} | {other:.2f} |"
         )  # fmt: skip
     worker_rows = [c for c in report["cells"] if c.get("traced", {}).get("worker_ms")]
+    functions = [f for f in (*step_trace.WORKER_FUNCTIONS, *step_trace.SPEC_FUNCTIONS)
+                 if any(f in c["traced"]["worker_ms"] for c in worker_rows)]  # fmt: skip
     if worker_rows:
-        lines += ["", "Host ms per step inside the worker (traced):", "",
-                  "| config | bs | " + " | ".join(step_trace.WORKER_FUNCTIONS) + " |",
-                  "|:--|--:|" + "--:|" * len(step_trace.WORKER_FUNCTIONS)]  # fmt: skip
+        lines += ["", "Host ms per step inside the worker (traced; SGLang's own functions as `spec.*` ranges, nested "
+                  "in the worker's):", "", "| config | bs | " + " | ".join(functions) + " |",
+                  "|:--|--:|" + "--:|" * len(functions)]  # fmt: skip
         for c in worker_rows:
             w = c["traced"]["worker_ms"]
             lines.append(f"| {c['config']} | {c['batch']} | "
-                         + " | ".join(f"{w[f]:.2f}" if f in w else "–" for f in step_trace.WORKER_FUNCTIONS) + " |")
+                         + " | ".join(f"{w[f]:.2f}" if f in w else "–" for f in functions) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +171,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--trace-steps", type=int, default=8)
+    parser.add_argument("--ignore-eos", action="store_true", help="every request generates --max-new-tokens")
+    parser.add_argument("--simulate-tau", type=simulated_taus, default={},
+                        help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN)")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
     parser.add_argument("--out", required=True)
@@ -164,11 +183,40 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error(f"unknown algorithm(s) {', '.join(unknown)}; choose from ar, mtp, dflash, ddtree")
     if any(a in args.algos for a in ("dflash", "ddtree")) and not args.draft_model_path:
         parser.error("dflash and ddtree need --draft-model-path")
+    if set(args.simulate_tau) - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
+        parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
     if not args.batch_sizes or min(args.batch_sizes) < 1 or args.trace_steps == 1 or args.trace_steps < 0 \
             or args.max_new_tokens < 2:
         parser.error("--batch-sizes take positive integers, --trace-steps 0 (no trace) or at least 2, "
                      "--max-new-tokens at least 2")
     return args, shared
+
+
+def simulated_taus(text: str) -> dict[str, float]:
+    """``dflash=1.42,ddtree=1.9`` -> ``{"dflash": 1.42, "ddtree": 1.9}`` (a mean acceptance length is >= 1)."""
+    taus = {}
+    for item in text.split(","):
+        algo, _, mean = item.partition("=")
+        try:
+            taus[algo] = float(mean)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{item}' is not ALGO=MEAN") from None
+        if taus[algo] < 1:
+            raise argparse.ArgumentTypeError(f"'{item}': a mean acceptance length is at least 1")
+    return taus
+
+
+def server_env(config: str, args: argparse.Namespace) -> dict[str, str]:
+    """Environment of one configuration's server: DDTree's phase timer, the verify's trace ranges when traced,
+    and the simulated acceptance asked for that algorithm."""
+    from sglang_ddtree.ddtree_trace_ranges import TRACE_RANGES_ENV
+
+    env = {PROFILE_STEPS_ENV: "1"} if config.startswith("ddtree") else {}
+    if args.trace_steps:
+        env[TRACE_RANGES_ENV] = "1"
+    if (tau := args.simulate_tau.get(config.split()[0])) is not None:
+        env["SGLANG_SIMULATE_ACC_LEN"] = str(tau)
+    return env
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -193,9 +241,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         report["meta"]["commands"][config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
         phases = config.startswith("ddtree")
         log = str(out / f"server_{config.replace(' ', '_')}.log")
-        with launched_server([*launch_args, *shared], log_path=log, env={PROFILE_STEPS_ENV: "1"} if phases else None,
+        with launched_server([*launch_args, *shared], log_path=log, env=server_env(config, args) or None,
                              ready_timeout=900) as url:  # fmt: skip
-            run_cell(url, config, warm, 0.0, 1, 32)
+            run_cell(url, config, warm, 0.0, 1, 32, args.ignore_eos)
             for batch in args.batch_sizes:
                 report["cells"].append(profile_cell(url, config, prompts, batch, args, out, phases))
         (out / "step_profile.json").write_text(json.dumps(report, indent=1))

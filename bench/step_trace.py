@@ -12,7 +12,8 @@ thread. Its wall time is split into
 
 Needs a trace recorded with CPU and GPU activities (``/start_profile`` with ``"activities": ["CPU", "GPU"]``).
 The functions are found by the ranges SGLang 0.5.17 opens under a profiler (``scheduler.run_batch``, ...,
-``sglang.srt.utils.nvtx_utils.profile_method``) and DDTreeWorker's own (``ddtree._draft_block``, ...), or by
+``sglang.srt.utils.nvtx_utils.profile_method``), DDTreeWorker's own (``ddtree._draft_block``, ...) and, on a server
+started with ``SGLANG_DDTREE_TRACE_RANGES=1``, SGLang's verify functions (``spec.eagle_sample``, ...), or by
 Python stack events when the trace has them (``"with_stack": true``: slower, and on the H200 it crashed SGLang's
 scheduler when the profiler's result was freed, tests/gpu/RESULTS.md run 34). ``launch_batch_sample_if_needed``
 has no range upstream: it is counted only from stacks. A traced step is longer than an untraced one: the split
@@ -27,6 +28,8 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+
+from sglang_ddtree.ddtree_trace_ranges import TRACED_FUNCTIONS
 
 SCHEDULER_FUNCTIONS = (
     "recv_requests",
@@ -43,13 +46,14 @@ WORKER_FUNCTIONS = (  # DDTreeWorker.forward_batch_generation's phases; DFLASH a
     "run_eagle_verify",
     "_append_committed_to_draft_kv",
 )
+SPEC_FUNCTIONS = tuple(TRACED_FUNCTIONS)  # SGLang's own, ranged by sglang_ddtree.ddtree_trace_ranges when asked
 SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaEventSynchronize|cudaDeviceSynchronize|cudaMemcpy|"
                         r"aten::_local_scalar_dense)$")  # fmt: skip
 LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel\w*|cuLaunchKernel\w*|cudaGraphLaunch|cudaLaunchCooperativeKernel\w*)$")
 GRAPH_LAUNCH = "cudaGraphLaunch"
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _PYTHON_NAME = re.compile(r"\): (?P<function>[\w<>]+)$")
-_RANGE_PREFIXES = ("scheduler.", "ddtree.")  # SGLang's scheduler ranges, DDTreeWorker's
+_RANGE_PREFIXES = ("scheduler.", "ddtree.", "spec.")  # SGLang's scheduler ranges, DDTreeWorker's, SGLang's verify
 
 
 @dataclass
@@ -65,7 +69,7 @@ class StepAccount:
 
     wall: float
     scheduler: dict[str, float]  # SCHEDULER_FUNCTIONS + "loop" (the rest of the iteration); sums to ``wall``
-    worker: dict[str, float]  # WORKER_FUNCTIONS found inside run_batch
+    worker: dict[str, float]  # WORKER_FUNCTIONS and SPEC_FUNCTIONS found inside run_batch
     sync: float
     launch: float
     launches: int
@@ -153,7 +157,7 @@ def account_steps(trace: list[dict]) -> list[StepAccount]:
         wall = (end - start) / 1e3
         scheduler["loop"] = max(0.0, wall - sum(scheduler.values()))
         worker = {f: sum(e.end - e.start for e in outermost(inside(by_function[f]))) / 1e3
-                  for f in WORKER_FUNCTIONS if inside(by_function[f])}  # fmt: skip
+                  for f in (*WORKER_FUNCTIONS, *SPEC_FUNCTIONS) if inside(by_function[f])}  # fmt: skip
         step_launches = inside(launches)
         busy = overlap(all_gpu, start, end) / 1e3
         steps.append(StepAccount(
@@ -179,7 +183,7 @@ def median_step(steps: list[StepAccount]) -> dict:
         "steps": len(steps),
         "wall_ms": med([s.wall for s in steps]),
         "scheduler_ms": {k: med([s.scheduler.get(k, 0.0) for s in steps]) for k in [*SCHEDULER_FUNCTIONS, "loop"]},
-        "worker_ms": {k: med([s.worker.get(k, 0.0) for s in steps]) for k in WORKER_FUNCTIONS
+        "worker_ms": {k: med([s.worker.get(k, 0.0) for s in steps]) for k in (*WORKER_FUNCTIONS, *SPEC_FUNCTIONS)
                       if any(k in s.worker for s in steps)},
         "sync_ms": med([s.sync for s in steps]),
         "launch_ms": med([s.launch for s in steps]),

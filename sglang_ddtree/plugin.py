@@ -82,6 +82,7 @@ def register() -> None:
         ddtree_requests,
         ddtree_simulation,
         ddtree_spec,
+        ddtree_trace_ranges,
         hybrid_targets,
         hybrid_tree_verify,
         server_hygiene,
@@ -104,6 +105,8 @@ def register() -> None:
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND
         )
     ddtree_simulation.register(HookRegistry, HookType)  # a pass-through unless a DDTREE worker simulates
+    if ddtree_trace_ranges.trace_ranges_requested():
+        ddtree_trace_ranges.register(HookRegistry, HookType)
     if hybrid_tree_verify.wy_verify_requested():
         hybrid_tree_verify.register(HookRegistry, HookType)
     _register_ddtree_algorithm()

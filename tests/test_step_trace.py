@@ -123,7 +123,7 @@ def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
     text = step_profile.markdown(report)
     assert "| ddtree B=32 | 1 | 2.1 | 4.50 | 4.00 | 1.00 | 0.35 | 0.65 | 0.25 | 3 (1) | 0.40 | 0.30 | 0.10 | 0.20 |" in text
     assert "| ar | 8 | – | 1.50 | – | no trace written under x |" in text
-    assert "| ddtree B=32 | 1 | 0.15 | – | – | 0.20 | – |" in text
+    assert "| config | bs | _draft_block | run_eagle_verify |\n|:--|--:|--:|--:|\n| ddtree B=32 | 1 | 0.15 | 0.20 |" in text
 
 
 @pytest.mark.parametrize(
@@ -133,6 +133,9 @@ def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
         (["--algos", "ddtree"], "dflash and ddtree need --draft-model-path"),
         (["--algos", "ar", "--batch-sizes", "0"], "--batch-sizes take positive integers"),
         (["--algos", "ar", "--trace-steps", "1"], "--trace-steps 0 (no trace) or at least 2"),
+        (["--algos", "ar", "--simulate-tau", "ar=2"], "--simulate-tau names speculative algorithms of --algos"),
+        (["--algos", "ar", "--simulate-tau", "ddtree"], "'ddtree' is not ALGO=MEAN"),
+        (["--algos", "ar", "--simulate-tau", "ddtree=0.5"], "a mean acceptance length is at least 1"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
@@ -140,6 +143,25 @@ def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
         step_profile.parse_args(["--model-path", "m", "--out", "o", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_each_server_gets_the_phase_timer_trace_ranges_and_simulated_acceptance_it_was_asked_for():
+    args = step_profile.parse_args(["--model-path", "m", "--draft-model-path", "d", "--out", "o",
+                                    "--simulate-tau", "dflash=1.42,ddtree=1.9"])[0]  # fmt: skip
+    assert step_profile.server_env("ar", args) == {"SGLANG_DDTREE_TRACE_RANGES": "1"}
+    assert step_profile.server_env("dflash", args) == {"SGLANG_DDTREE_TRACE_RANGES": "1",
+                                                       "SGLANG_SIMULATE_ACC_LEN": "1.42"}  # fmt: skip
+    assert step_profile.server_env("ddtree B=32", args) == {
+        "SGLANG_DDTREE_PROFILE_STEPS": "1", "SGLANG_DDTREE_TRACE_RANGES": "1", "SGLANG_SIMULATE_ACC_LEN": "1.9"}
+    untraced = step_profile.parse_args(["--model-path", "m", "--out", "o", "--algos", "ar", "--trace-steps", "0"])[0]
+    assert step_profile.server_env("ar", untraced) == {}
+
+
+def test_a_simulated_cell_says_so_in_the_report():
+    report = {"meta": {"date": "d", "commit": "c", "gpu": "g", "model_path": "m", "max_new_tokens": 8},
+              "cells": [{"config": "ddtree B=32", "batch": 1, "tau": 1.903, "simulated_tau": 1.9, "step_wall_ms": 4.5,
+                         "gpu_phase_ms": None, "traced": {}}]}  # fmt: skip
+    assert "| ddtree B=32 | 1 | 1.903 (simulated, mean 1.9) | 4.50 |" in step_profile.markdown(report)
 
 
 @pytest.mark.slow
@@ -155,8 +177,9 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     flags = ["--device", "cpu", "--attention-backend", "torch_native", "--mem-fraction-static", "0.3",
              "--max-total-tokens", "4096", "--disable-cuda-graph"]  # fmt: skip
     prompts = [{"id": f"p{i}", "dataset": "ids", "input_ids": [5 + i, 6, 7, 8]} for i in range(2)]
-    args = Namespace(max_new_tokens=12, trace_steps=3)
-    with launched_server(["--algo", "ar", "--model-path", target, *flags], free_port()) as url:
+    args = Namespace(max_new_tokens=12, trace_steps=3, ignore_eos=True, simulate_tau={})
+    env = step_profile.server_env("ar", args)
+    with launched_server(["--algo", "ar", "--model-path", target, *flags], free_port(), env=env) as url:
         cell = step_profile.profile_cell(url, "ar", prompts, 1, args, tmp_path / "out", phases=False)
     assert cell["requests"] == 2 and cell["step_wall_ms"] > 0 and cell["tau"] is None
     traced = cell["traced"]
@@ -167,6 +190,9 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     for step in step_trace.account_steps(step_trace.load_trace(traced["trace"])):  # decode steps only
         assert sum(step.scheduler.values()) == pytest.approx(step.wall)
     assert "DECODE" in traced["trace"]
+    # SGLANG_DDTREE_TRACE_RANGES=1: SGLang's target forward, inside run_batch, is a range of its own
+    assert 0 < traced["worker_ms"]["target_forward"] <= parts["run_batch"]
+    assert cell["simulated_tau"] is None
 
 
 def test_reports_name_the_commit_the_caller_gives_over_what_git_says(monkeypatch):
