@@ -2,7 +2,7 @@
 
     python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
         [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
-        [--trace-steps 8] [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] --out DIR
+        [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] [--sync-debug] [--trace-steps 0] --out DIR
         [-- shared SGLang server flags ...]
 
 Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
@@ -11,17 +11,20 @@ a warm-up at that batch size:
 1. **untraced step wall**: ``batch`` concurrent greedy requests; per request, decode time over verify steps
    (TPOT x tau; AR: over its decode steps). This is how long a step really takes.
 2. **GPU phases** of DDTree's step (``SGLANG_DDTREE_PROFILE_STEPS``: CUDA events, no host sync).
-3. **a torch-profiler trace** of ``--trace-steps`` steps (CPU and GPU; the functions found by SGLang's and the
-   worker's profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: the scheduler's
-   functions, the worker's phases, host time blocked in syncs, kernel and graph launches, GPU busy and idle
-   time. ``--trace-steps 0`` skips it.
+3. **host time per scheduler iteration** of the scheduler's functions, the worker's phases and SGLang's verify
+   functions (``SGLANG_DDTREE_TRACE_RANGES=1``: a host clock around each, read from ``/server_info``; see
+   ``sglang_ddtree.ddtree_trace_ranges``), over the same requests as the step wall.
+4. optionally (``--trace-steps N``) **a torch-profiler trace** of N steps (CPU and GPU; the same functions as
+   profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: host time blocked in
+   syncs, kernel and graph launches, GPU busy and idle time. On the H200 machine SGLang 0.5.17's scheduler
+   died freeing the profiler's result after the first trace (RESULTS.md runs 34, 36): off by default.
 
 A step's cost depends on shapes, not weights: with ``--load-format dummy`` after ``--`` (random target weights)
 and ``--ignore-eos``, ``--simulate-tau ALGO=MEAN`` makes that algorithm's servers commit a drawn length of mean
 MEAN per verify (SGLang's ``SGLANG_SIMULATE_ACC_LEN``; DDTREE along each tree's best branch), so a model's
 shape is profiled at a measured acceptance without its weights. The report says which cells simulated.
-Traced servers run with ``SGLANG_DDTREE_TRACE_RANGES=1`` (ranges inside SGLang's verify, see
-``sglang_ddtree.ddtree_trace_ranges``); their untraced step wall is measured the same way.
+``--sync-debug`` makes each server log, once per source line, every call of its decode loop that synchronises
+with the GPU (torch's sync debug mode).
 
 Writes ``step_profile.json`` (every number, the traces' paths, the commands) and ``step_profile.md`` after
 every configuration; the traces stay under ``DIR/traces``.
@@ -61,6 +64,29 @@ def step_wall_ms(record: RequestRecord) -> Optional[float]:
     return 1000 * (record.end - record.first_token) / steps if steps > 0 else None
 
 
+def server_host_ranges(url: str) -> Optional[dict]:
+    """A running server's ``ddtree_host_ranges`` (``/server_info``; ``SGLANG_DDTREE_TRACE_RANGES=1``), else None."""
+    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
+        return json.loads(response.read())["internal_states"][0].get("ddtree_host_ranges")
+
+
+def host_ms_per_iteration(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+    """Host ms per scheduler iteration (``run_batch`` call) of each range, and its calls per iteration, over
+    the requests measured between two ``ddtree_host_ranges`` snapshots (prefills included, as in the wall)."""
+    if not before or not after or "run_batch" not in after:
+        return None
+    iterations = after["run_batch"]["calls"] - before.get("run_batch", {}).get("calls", 0)
+    if iterations <= 0:
+        return None
+    out = {"iterations": iterations}
+    for name, now in after.items():
+        then = before.get(name, {"calls": 0, "total_ms": 0.0})
+        if now["calls"] > then["calls"]:
+            out[name] = {"ms": round((now["total_ms"] - then["total_ms"]) / iterations, 4),
+                         "calls": round((now["calls"] - then["calls"]) / iterations, 3)}  # fmt: skip
+    return out
+
+
 def _post(url: str, payload: dict) -> None:
     request = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as response:
@@ -92,9 +118,9 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
     """Warm up at ``batch``, then the untraced step wall, DDTree's GPU phases and the traced split."""
     warmup = (prompts * batch)[: max(batch, 2)]
     run_cell(url, config, warmup, 0.0, batch, 32, args.ignore_eos)
-    before = server_step_profile(url) if phases else None
+    before, host_before = server_step_profile(url) if phases else None, server_host_ranges(url)
     records = run_cell(url, config, prompts[: 2 * batch], 0.0, batch, args.max_new_tokens, args.ignore_eos)
-    after = server_step_profile(url) if phases else None
+    after, host_after = server_step_profile(url) if phases else None, server_host_ranges(url)
     tokens, verifies = sum(r.completion_tokens for r in records), sum(r.verify_ct for r in records)
     cell = {
         "config": config, "batch": batch, "requests": len(records),
@@ -102,6 +128,7 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
         "tau": round(tokens / verifies, 3) if verifies else None,
         "gpu_phase_ms": {p: round(ms, 3) for p, ms in phase_means(before, after).items()} if phases else None,
         "simulated_tau": args.simulate_tau.get(config.split()[0]),
+        "host_ms_per_iteration": host_ms_per_iteration(host_before, host_after),
     }  # fmt: skip
     if not args.trace_steps:
         return cell
@@ -109,6 +136,9 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
     cell["traced"] = traced_steps(url, config, prompts, batch, args.max_new_tokens, args.trace_steps,
                                   out / "traces" / slug / f"bs{batch}", args.ignore_eos)  # fmt: skip
     return cell
+
+
+HOST_RANGE_ORDER = (*step_trace.SCHEDULER_FUNCTIONS[1:], *step_trace.WORKER_FUNCTIONS, *step_trace.SPEC_FUNCTIONS)
 
 
 def tau_text(cell: dict) -> str:
@@ -146,6 +176,17 @@ def markdown(report: dict) -> str:
             f"{t['launches']:.0f} ({t['graph_launches']:.0f}) | {s['run_batch']:.2f} | {s['process_batch_result']:.2f} | "
             f"{s['get_next_batch_to_run']:.2f} | {other:.2f} |"
         )  # fmt: skip
+    host_rows = [c for c in report["cells"] if c.get("host_ms_per_iteration")]
+    names = [n for n in HOST_RANGE_ORDER if any(n in c["host_ms_per_iteration"] for c in host_rows)]
+    if host_rows:
+        lines += ["", "Host ms per scheduler iteration (`SGLANG_DDTREE_TRACE_RANGES=1`: host clock around each "
+                  "function, untraced run; nested names overlap; `process_batch_result` includes the wait for the "
+                  "previous step's results):", "", "| config | bs | iterations | " + " | ".join(names) + " |",
+                  "|:--|--:|--:|" + "--:|" * len(names)]  # fmt: skip
+        for c in host_rows:
+            h = c["host_ms_per_iteration"]
+            lines.append(f"| {c['config']} | {c['batch']} | {h['iterations']} | "
+                         + " | ".join(f"{h[n]['ms']:.3f}" if n in h else "–" for n in names) + " |")
     worker_rows = [c for c in report["cells"] if c.get("traced", {}).get("worker_ms")]
     functions = [f for f in (*step_trace.WORKER_FUNCTIONS, *step_trace.SPEC_FUNCTIONS)
                  if any(f in c["traced"]["worker_ms"] for c in worker_rows)]  # fmt: skip
@@ -170,7 +211,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--trace-steps", type=int, default=8)
+    parser.add_argument("--trace-steps", type=int, default=0,
+                        help="also take a torch-profiler trace of this many decode steps per cell (it has crashed "
+                        "SGLang 0.5.17's scheduler on the H200 machine)")  # fmt: skip
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="servers log every synchronising call of their decode loop (SGLANG_DDTREE_SYNC_DEBUG)")
     parser.add_argument("--ignore-eos", action="store_true", help="every request generates --max-new-tokens")
     parser.add_argument("--simulate-tau", type=simulated_taus, default={},
                         help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN)")
@@ -207,13 +252,14 @@ def simulated_taus(text: str) -> dict[str, float]:
 
 
 def server_env(config: str, args: argparse.Namespace) -> dict[str, str]:
-    """Environment of one configuration's server: DDTree's phase timer, the verify's trace ranges when traced,
-    and the simulated acceptance asked for that algorithm."""
-    from sglang_ddtree.ddtree_trace_ranges import TRACE_RANGES_ENV
+    """Environment of one configuration's server: DDTree's phase timer, the host-timed ranges, the sync debug
+    mode when asked, and the simulated acceptance asked for that algorithm."""
+    from sglang_ddtree.ddtree_trace_ranges import SYNC_DEBUG_ENV, TRACE_RANGES_ENV
 
     env = {PROFILE_STEPS_ENV: "1"} if config.startswith("ddtree") else {}
-    if args.trace_steps:
-        env[TRACE_RANGES_ENV] = "1"
+    env[TRACE_RANGES_ENV] = "1"
+    if args.sync_debug:
+        env[SYNC_DEBUG_ENV] = "1"
     if (tau := args.simulate_tau.get(config.split()[0])) is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = str(tau)
     return env

@@ -46,7 +46,8 @@ WORKER_FUNCTIONS = (  # DDTreeWorker.forward_batch_generation's phases; DFLASH a
     "run_eagle_verify",
     "_append_committed_to_draft_kv",
 )
-SPEC_FUNCTIONS = tuple(TRACED_FUNCTIONS)  # SGLang's own, ranged by sglang_ddtree.ddtree_trace_ranges when asked
+# SGLang's own, ranged by sglang_ddtree.ddtree_trace_ranges when asked
+SPEC_FUNCTIONS = tuple(name for name in TRACED_FUNCTIONS if name not in SCHEDULER_FUNCTIONS)
 SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaEventSynchronize|cudaDeviceSynchronize|cudaMemcpy|"
                         r"aten::_local_scalar_dense)$")  # fmt: skip
 LAUNCH_CALLS = re.compile(r"^(cudaLaunchKernel\w*|cuLaunchKernel\w*|cudaGraphLaunch|cudaLaunchCooperativeKernel\w*)$")

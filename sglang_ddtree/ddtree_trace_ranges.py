@@ -1,23 +1,45 @@
-"""Profiler ranges inside SGLang's speculative verify (``SGLANG_DDTREE_TRACE_RANGES=1``, for ``bench.step_profile``).
+"""Where a decode step's host time goes, without a profiler trace (``SGLANG_DDTREE_TRACE_RANGES=1``).
 
-A trace without Python stacks (stacks crashed SGLang's scheduler on the H200, tests/gpu/RESULTS.md run 34) sees
-only ranges: SGLang's scheduler functions, DDTreeWorker's phases, and nothing inside SGLang's verify, where most
-of a DDTree step goes. With the variable set, AROUND hooks open a ``spec.<function>`` range around each SGLang
-function below, for every algorithm that calls it (AR's target forward, MTP's and DDTREE's EAGLE verify,
-DFLASH's draft-context append), so ``bench.step_trace`` can split the verify into plan, replay, acceptance and
-commits. Off by default: each hooked call costs one Python frame more.
+SGLang 0.5.17's torch-profiler traces crash the scheduler on the H200 machine (SIGSEGV in kineto's destructor
+of the profiler result, with and without Python stacks: tests/gpu/RESULTS.md runs 34 and 36), and a trace without
+stacks sees nothing inside SGLang's verify, where most of a DDTree step goes. With the variable set, AROUND hooks
+around the scheduler's functions and SGLang's speculative-decoding functions below (and DDTreeWorker's phases,
+through :func:`traced_range`) each
+
+- open a ``spec.<name>`` profiler range (``bench.step_trace`` accounts them when a trace is taken), and
+- add their host wall time (``time.perf_counter``, no device synchronisation) to a per-name total that
+  ``/server_info`` reports as ``ddtree_host_ranges``.
+
+``bench.step_profile`` divides the totals' growth over a measured cell by its scheduler iterations. Under
+overlap scheduling the host time of ``process_batch_result`` includes waiting for the previous step's results
+to reach the host: it is where a GPU-bound loop waits, so a short one means the host is the bottleneck.
+Nested names overlap (``target_forward`` contains ``graph_execute``). Off by default: each hooked call costs
+~1 µs of Python.
+
+``SGLANG_DDTREE_SYNC_DEBUG=1`` also turns on torch's CUDA synchronisation debug mode (``warn``) at the first
+decode batch: every synchronising call of the decode loop is logged once per source line, with its stack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable
+import time
+from collections import defaultdict
+from typing import Any, Callable, Iterator, Optional
 
 TRACE_RANGES_ENV = "SGLANG_DDTREE_TRACE_RANGES"
+SYNC_DEBUG_ENV = "SGLANG_DDTREE_SYNC_DEBUG"
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _SPEC = "sglang.srt.speculative"
 _GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+SCHEDULER_FUNCTIONS = ("process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result",
+                       "launch_batch_sample_if_needed")  # fmt: skip
 TRACED_FUNCTIONS = {  # range name -> SGLang 0.5.17 function
+    **{name: f"{_SCHEDULER}.{name}" for name in SCHEDULER_FUNCTIONS},
+    "model_runner_forward": "sglang.srt.model_executor.model_runner.ModelRunner.forward",
     "target_forward": "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation",
+    "dflash_forward_batch_generation": f"{_SPEC}.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
     "eagle_prepare_for_verify": f"{_SPEC}.eagle_utils.eagle_prepare_for_verify",
     "graph_load_batch": f"{_GRAPH_RUNNER}.load_batch",
     "graph_execute": f"{_GRAPH_RUNNER}.execute",
@@ -28,20 +50,81 @@ TRACED_FUNCTIONS = {  # range name -> SGLang 0.5.17 function
 }
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0", "false", "False")
+
+
 def trace_ranges_requested() -> bool:
-    return os.environ.get(TRACE_RANGES_ENV, "0") not in ("", "0", "false", "False")
+    return _flag(TRACE_RANGES_ENV)
 
 
-def _in_range(name: str) -> Callable[..., Any]:
+class HostRanges:
+    """Calls and host seconds per range name, summed since the process started."""
+
+    def __init__(self) -> None:
+        self.enabled = trace_ranges_requested()
+        self.calls: dict[str, int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.calls[name] += 1
+        self.seconds[name] += seconds
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {name: {"calls": self.calls[name], "total_ms": round(1e3 * self.seconds[name], 4)} for name in self.calls}
+
+
+HOST_RANGES = HostRanges()
+
+
+@contextlib.contextmanager
+def traced_range(name: str) -> Iterator[None]:
+    """A ``ddtree.<name>`` profiler range (one flag check when no profiler runs), host-timed when asked."""
+    from sglang.srt.utils.nvtx_utils import profile_range
+
+    if not HOST_RANGES.enabled:
+        with profile_range(f"ddtree.{name}"):
+            yield
+        return
+    start = time.perf_counter()
+    try:
+        with profile_range(f"ddtree.{name}"):
+            yield
+    finally:
+        HOST_RANGES.add(name, time.perf_counter() - start)
+
+
+def host_ranges_report() -> Optional[dict]:
+    return HOST_RANGES.as_dict() if HOST_RANGES.enabled else None
+
+
+def _timed(name: str) -> Callable[..., Any]:
     def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         from sglang.srt.utils.nvtx_utils import profile_range
 
-        with profile_range(name):
-            return original(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            with profile_range(f"spec.{name}"):
+                return original(*args, **kwargs)
+        finally:
+            HOST_RANGES.add(name, time.perf_counter() - start)
 
     return around
 
 
+def _debug_syncs_from_the_first_decode(original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any,
+                                       **kwargs: Any) -> Any:  # fmt: skip
+    import torch
+
+    if batch is not None and batch.forward_mode.is_decode() and torch.cuda.get_sync_debug_mode() == 0:
+        torch.cuda.set_sync_debug_mode("warn")
+    return original(scheduler, batch, *args, **kwargs)
+
+
 def register(registry: Any, hook_type: Any) -> None:
-    for name, target in TRACED_FUNCTIONS.items():
-        registry.register(target, _in_range(f"spec.{name}"), hook_type.AROUND)
+    """The hooks the environment asks for (none by default)."""
+    if trace_ranges_requested():
+        for name, target in TRACED_FUNCTIONS.items():
+            registry.register(target, _timed(name), hook_type.AROUND)
+    if _flag(SYNC_DEBUG_ENV):
+        registry.register(f"{_SCHEDULER}.run_batch", _debug_syncs_from_the_first_decode, hook_type.AROUND)

@@ -15,8 +15,8 @@ Per decode step, for a batch of requests with independent trees:
 4. Draft context: the target's hidden features of the committed tokens are written into the draft KV
    cache, as DFlash does for its chain.
 
-Under a torch profiler each phase is a ``ddtree.<function>`` range (SGLang's ``profile_range``: one flag check
-otherwise), as SGLang marks its scheduler's functions, so a trace needs no Python stacks to be accounted.
+Under a torch profiler each phase is a ``ddtree.<function>`` range (``ddtree_trace_ranges.traced_range``: one flag
+check otherwise; host-timed under ``SGLANG_DDTREE_TRACE_RANGES=1``), as SGLang marks its scheduler's functions.
 
 Prefill and idle batches are DFlash's.
 """
@@ -41,13 +41,13 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.utils.nvtx_utils import profile_method, profile_range
 
 from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.ddtree_simulation import CURRENT_TREE, simulated_acceptance_mean
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
+from sglang_ddtree.ddtree_trace_ranges import traced_range
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion
 
@@ -120,14 +120,15 @@ class DDTreeWorker(DFlashWorkerV2):
 
         timer = STEP_PROFILE.start(self.device)
         prefix_lens = batch.seq_lens
-        draft_out = self._draft_block(batch, draft_input)
+        with traced_range("_draft_block"):
+            draft_out = self._draft_block(batch, draft_input)
         timer.mark()
         if self._draft_sampler is not None and draft_out.can_run_graph:
             drafted = self._draft_head.tree(len(prefix_lens))  # written by the draft graph's replay
         else:
             drafted = self._draft_head(draft_out.logits_output.hidden_states)
         timer.mark()
-        with profile_range("ddtree.ddtree_from_expansion"):
+        with traced_range("ddtree_from_expansion"):
             tree = ddtree_from_expansion(
                 **vars(drafted),
                 root_tokens=draft_input.bonus_tokens,
@@ -136,11 +137,12 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
-        batch.spec_info = self._verify_input(tree, batch)
+        with traced_range("_verify_input"):
+            batch.spec_info = self._verify_input(tree, batch)
         if self._simulating:
             CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
-        with profile_range("ddtree.run_eagle_verify"):
+        with traced_range("run_eagle_verify"):
             result = run_eagle_verify(
                 batch,
                 target_worker=self.target_worker,
@@ -159,7 +161,8 @@ class DDTreeWorker(DFlashWorkerV2):
         timer.mark()
         if on_publish is not None:
             on_publish(result.new_seq_lens)
-        self._append_committed_to_draft_kv(batch, prefix_lens, result)
+        with traced_range("_append_committed_to_draft_kv"):
+            self._append_committed_to_draft_kv(batch, prefix_lens, result)
         timer.mark()
         STEP_PROFILE.finish(timer)
         self._publish_read_done()
@@ -182,7 +185,6 @@ class DDTreeWorker(DFlashWorkerV2):
             read_done.record()
             self.war_fastpath_runner.war_fastpath_read_done_event = read_done
 
-    @profile_method("ddtree._draft_block")
     def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2):
         """Run the drafter on ``[bonus, MASK...]`` per request; returns the draft runner's output (hidden states
         ``[bs * block, H]``; ``can_run_graph`` when the replayed graph also ran the head)."""
@@ -236,7 +238,6 @@ class DDTreeWorker(DFlashWorkerV2):
         host = reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
         return int(host.sum())
 
-    @profile_method("ddtree._verify_input")
     def _verify_input(self, tree: DDTreeTensors, batch: ScheduleBatch) -> DDTreeVerifyInput:
         return DDTreeVerifyInput(
             draft_token=tree.draft_token,
@@ -254,7 +255,6 @@ class DDTreeWorker(DFlashWorkerV2):
             seq_lens_cpu=batch.seq_lens_cpu,
         )
 
-    @profile_method("ddtree._append_committed_to_draft_kv")
     def _append_committed_to_draft_kv(
         self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult
     ) -> None:

@@ -39,6 +39,7 @@ def report_plugin_in_internal_state(
     """
     from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
     from sglang_ddtree.ddtree_step_profile import step_profile_report
+    from sglang_ddtree.ddtree_trace_ranges import host_ranges_report
     from sglang_ddtree.ddtree_tp_check import tp_tree_check_report
     from sglang_ddtree.ddtree_simulation import simulation_report
     from sglang_ddtree.hybrid_tree_verify import wy_verify_report
@@ -47,6 +48,7 @@ def report_plugin_in_internal_state(
     for name, report in (("ddtree_graph_verify_check", graph_verify_check_report()),
                          ("ddtree_tp_tree_check", tp_tree_check_report()),
                          ("ddtree_step_profile", step_profile_report()),
+                         ("ddtree_host_ranges", host_ranges_report()),
                          ("ddtree_gdn_wy_verify", wy_verify_report()),
                          ("ddtree_simulated_acceptance", simulation_report())):  # fmt: skip
         if report is not None:
@@ -105,8 +107,7 @@ def register() -> None:
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND
         )
     ddtree_simulation.register(HookRegistry, HookType)  # a pass-through unless a DDTREE worker simulates
-    if ddtree_trace_ranges.trace_ranges_requested():
-        ddtree_trace_ranges.register(HookRegistry, HookType)
+    ddtree_trace_ranges.register(HookRegistry, HookType)  # nothing unless a profile asks for it
     if hybrid_tree_verify.wy_verify_requested():
         hybrid_tree_verify.register(HookRegistry, HookType)
     _register_ddtree_algorithm()

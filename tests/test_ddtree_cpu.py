@@ -91,11 +91,13 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     """``SGLANG_SIMULATE_ACC_LEN`` on DDTREE (cost-only, issue 18): SGLang's "match-expected" draw at 1.5 commits 1
     or 2 tokens per verify, half and half, along each tree's first-child branch (the random drafter's trees are
     wide, so deeper branches are the unit test's below), the server keeps serving on the committed tokens, and it
-    says that it simulates."""
+    says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges on: each verify's
+    phases and SGLang's verify functions inside it are timed once per verify."""
     target, drafter = models
     engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
               "speculative_num_draft_tokens": 9}  # fmt: skip
-    report = run_engine_generate(engine, PROMPTS, GREEDY, env={"SGLANG_SIMULATE_ACC_LEN": "1.5"})
+    report = run_engine_generate(engine, PROMPTS, GREEDY,
+                                 env={"SGLANG_SIMULATE_ACC_LEN": "1.5", "SGLANG_DDTREE_TRACE_RANGES": "1"})
     assert report["scheduler_states"][0]["ddtree_simulated_acceptance"]["mean_accept_length"] == 1.5
     metas = report["sequential"]["meta_info"]
     assert all(meta["completion_tokens"] == GREEDY["max_new_tokens"] for meta in metas)
@@ -103,6 +105,13 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     drafts_per_verify = sum(m["spec_num_correct_drafts"] for m in metas) / verifies
     # ~64 draws of 0 or 1 drafts: 0.5 within 4 standard deviations (a cut last verify only lowers it)
     assert 0.5 - 0.25 <= drafts_per_verify <= 0.5 + 0.25, (drafts_per_verify, verifies)
+    host = report["scheduler_states"][0]["ddtree_host_ranges"]  # the server's warm-up verifies included
+    phases = ("_draft_block", "run_eagle_verify", "eagle_prepare_for_verify", "eagle_sample",
+              "finalize_accept_tree_path", "_append_committed_to_draft_kv")
+    assert len({host[phase]["calls"] for phase in phases}) == 1 and host["run_eagle_verify"]["calls"] >= verifies
+    # the draft-context append also runs after each prefill
+    assert host["append_target_hidden_to_draft_kv"]["calls"] > host["run_eagle_verify"]["calls"]
+    assert 0 < host["eagle_sample"]["total_ms"] < host["run_eagle_verify"]["total_ms"] < host["run_batch"]["total_ms"]
 
 
 def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():

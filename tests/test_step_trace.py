@@ -153,8 +153,8 @@ def test_each_server_gets_the_phase_timer_trace_ranges_and_simulated_acceptance_
                                                        "SGLANG_SIMULATE_ACC_LEN": "1.42"}  # fmt: skip
     assert step_profile.server_env("ddtree B=32", args) == {
         "SGLANG_DDTREE_PROFILE_STEPS": "1", "SGLANG_DDTREE_TRACE_RANGES": "1", "SGLANG_SIMULATE_ACC_LEN": "1.9"}
-    untraced = step_profile.parse_args(["--model-path", "m", "--out", "o", "--algos", "ar", "--trace-steps", "0"])[0]
-    assert step_profile.server_env("ar", untraced) == {}
+    syncs = step_profile.parse_args(["--model-path", "m", "--out", "o", "--algos", "ar", "--sync-debug"])[0]
+    assert step_profile.server_env("ar", syncs) == {"SGLANG_DDTREE_TRACE_RANGES": "1", "SGLANG_DDTREE_SYNC_DEBUG": "1"}
 
 
 def test_a_simulated_cell_says_so_in_the_report():
@@ -177,7 +177,7 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     flags = ["--device", "cpu", "--attention-backend", "torch_native", "--mem-fraction-static", "0.3",
              "--max-total-tokens", "4096", "--disable-cuda-graph"]  # fmt: skip
     prompts = [{"id": f"p{i}", "dataset": "ids", "input_ids": [5 + i, 6, 7, 8]} for i in range(2)]
-    args = Namespace(max_new_tokens=12, trace_steps=3, ignore_eos=True, simulate_tau={})
+    args = Namespace(max_new_tokens=12, trace_steps=3, ignore_eos=True, simulate_tau={}, sync_debug=False)
     env = step_profile.server_env("ar", args)
     with launched_server(["--algo", "ar", "--model-path", target, *flags], free_port(), env=env) as url:
         cell = step_profile.profile_cell(url, "ar", prompts, 1, args, tmp_path / "out", phases=False)
@@ -190,9 +190,16 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     for step in step_trace.account_steps(step_trace.load_trace(traced["trace"])):  # decode steps only
         assert sum(step.scheduler.values()) == pytest.approx(step.wall)
     assert "DECODE" in traced["trace"]
-    # SGLANG_DDTREE_TRACE_RANGES=1: SGLang's target forward, inside run_batch, is a range of its own
+    # SGLANG_DDTREE_TRACE_RANGES=1: SGLang's target forward, inside run_batch, is a range of its own ...
     assert 0 < traced["worker_ms"]["target_forward"] <= parts["run_batch"]
     assert cell["simulated_tau"] is None
+    # ... and, untraced, host-timed per scheduler iteration: one target forward per run_batch, inside it
+    host = cell["host_ms_per_iteration"]
+    assert host["iterations"] >= 12 and host["run_batch"]["calls"] == 1
+    assert 0.9 <= host["target_forward"]["calls"] <= 1 and 0 < host["target_forward"]["ms"] < host["run_batch"]["ms"]
+    text = step_profile.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "model_path": "m",
+                                           "max_new_tokens": 12}, "cells": [cell]})  # fmt: skip
+    assert f"| ar | 1 | {host['iterations']} | " in text and "target_forward" in text
 
 
 def test_reports_name_the_commit_the_caller_gives_over_what_git_says(monkeypatch):
