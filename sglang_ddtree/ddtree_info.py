@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
+import torch
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
@@ -13,8 +15,12 @@ class DDTreeVerifyInput(EagleVerifyInput):
 
     SGLang's tree verification (``run_eagle_verify``: tree attention mask, greedy/sampled acceptance,
     KV compaction, GDN tree path) reads any tree given as first-child/next-sibling links; only the
-    two shape properties below differ from EAGLE's per-level top-k trees.
+    two shape properties below differ from EAGLE's per-level top-k trees. The two fields let a graph replay
+    plan FlashInfer without reading the device (``flashinfer_tree_plan``).
     """
+
+    ancestor_bits: Optional[torch.Tensor] = None  # [bs, N, ceil(N/64)] int64, the tree block of the mask, packed
+    kv_lens_upper_cpu: Optional[torch.Tensor] = None  # [bs] host upper bounds of the key lengths (seq_len + N)
 
     @property
     def max_tree_depth(self) -> int:

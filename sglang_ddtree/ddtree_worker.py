@@ -138,7 +138,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
         with traced_range("_verify_input"):
-            batch.spec_info = self._verify_input(tree, batch)
+            batch.spec_info = self._verify_input(tree, batch, draft_input)
         if self._simulating:
             CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
@@ -232,13 +232,19 @@ class DDTreeWorker(DFlashWorkerV2):
             return batch.seq_lens_cpu
         return draft_input.reserved_seq_lens_cpu
 
-    def _seq_lens_upper_bound(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> int:
-        """Size for the FULL tree mask without reading the device lengths: the reserved lengths bound them."""
+    def _seq_lens_upper_bounds(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:
+        """Host bounds of the committed lengths without reading the device: the lengths SGLang reserved
+        (committed + 2 blocks, while the host's committed view lags at most one step of at most a block)."""
         reserved = draft_input.reserved_seq_lens_cpu
-        host = reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
-        return int(host.sum())
+        return reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
 
-    def _verify_input(self, tree: DDTreeTensors, batch: ScheduleBatch) -> DDTreeVerifyInput:
+    def _seq_lens_upper_bound(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> int:
+        """Size for the FULL tree mask."""
+        return int(self._seq_lens_upper_bounds(batch, draft_input).sum())
+
+    def _verify_input(
+        self, tree: DDTreeTensors, batch: ScheduleBatch, draft_input: DFlashDraftInputV2
+    ) -> DDTreeVerifyInput:
         return DDTreeVerifyInput(
             draft_token=tree.draft_token,
             custom_mask=tree.custom_mask,
@@ -253,6 +259,8 @@ class DDTreeWorker(DFlashWorkerV2):
             capture_hidden_mode=CaptureHiddenMode.FULL,
             seq_lens_sum=batch.seq_lens_sum,
             seq_lens_cpu=batch.seq_lens_cpu,
+            ancestor_bits=tree.ancestor_bits,
+            kv_lens_upper_cpu=self._seq_lens_upper_bounds(batch, draft_input) + self.tree_width,
         )
 
     def _append_committed_to_draft_kv(

@@ -40,6 +40,7 @@ def report_plugin_in_internal_state(
     from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
     from sglang_ddtree.ddtree_step_profile import step_profile_report
     from sglang_ddtree.ddtree_trace_ranges import host_ranges_report
+    from sglang_ddtree.flashinfer_tree_plan import sync_free_plan_report
     from sglang_ddtree.ddtree_tp_check import tp_tree_check_report
     from sglang_ddtree.ddtree_simulation import simulation_report
     from sglang_ddtree.hybrid_tree_verify import wy_verify_report
@@ -49,6 +50,7 @@ def report_plugin_in_internal_state(
                          ("ddtree_tp_tree_check", tp_tree_check_report()),
                          ("ddtree_step_profile", step_profile_report()),
                          ("ddtree_host_ranges", host_ranges_report()),
+                         ("ddtree_flashinfer_plans", sync_free_plan_report()),
                          ("ddtree_gdn_wy_verify", wy_verify_report()),
                          ("ddtree_simulated_acceptance", simulation_report())):  # fmt: skip
         if report is not None:
@@ -85,6 +87,7 @@ def register() -> None:
         ddtree_simulation,
         ddtree_spec,
         ddtree_trace_ranges,
+        flashinfer_tree_plan,
         hybrid_targets,
         hybrid_tree_verify,
         server_hygiene,
@@ -108,6 +111,7 @@ def register() -> None:
         )
     ddtree_simulation.register(HookRegistry, HookType)  # a pass-through unless a DDTREE worker simulates
     ddtree_trace_ranges.register(HookRegistry, HookType)  # nothing unless a profile asks for it
+    flashinfer_tree_plan.register(HookRegistry, HookType)  # a pass-through but for DDTREE's verify graph replays
     if hybrid_tree_verify.wy_verify_requested():
         hybrid_tree_verify.register(HookRegistry, HookType)
     _register_ddtree_algorithm()

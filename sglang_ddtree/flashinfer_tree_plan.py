@@ -1,0 +1,118 @@
+"""A tree verify's FlashInfer plan without host synchronisation (CUDA-graph replays of DDTREE's target verify).
+
+Before each replay of a tree-verify graph SGLang 0.5.17 re-plans FlashInfer's paged prefill
+(``FlashInferIndicesUpdaterPrefill.call_begin_forward`` -> ``BatchPrefillWithPagedKVCacheWrapper.plan``) with the
+tree's FULL boolean mask. ``plan()`` then reads ``qo_indptr``, ``paged_kv_indptr`` and ``paged_kv_last_page_len``
+back to the host and packs the mask with ``segment_packbits``, whose size it reads back too: four blocking
+device-to-host copies per decode step (torch's sync debug mode, tests/gpu/RESULTS.md run 37), each of which
+drains the GPU's queue and stops the host from running ahead — the step becomes host time plus GPU time.
+
+SGLang already has the sync-free replacement for its EAGLE draft-extend graph (``fast_prefill_plan``: the
+wrapper's plan from host-known lengths). This AROUND hook uses it for DDTREE's verify graphs, with
+
+- host upper bounds of the key lengths (``DDTreeVerifyInput.kv_lens_upper_cpu``: the lengths SGLang reserved
+  for each request, + N). FlashInfer's plan only splits the work with them; the kernels read each request's
+  real length from the device ``paged_kv_indptr``, so an over-long chunk just has fewer keys;
+- the packed mask and its byte offsets written by ``kernels/tree_mask_packed.py`` straight into the graph's
+  mask buffers, from the trees' ancestor bits and the device lengths.
+
+Anything else (eager verifies, the capture's own plans, other algorithms, sliding-window or paged KV layouts,
+other FlashInfer backends) keeps SGLang's path. ``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0`` turns it off
+(for side-by-side measurements).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from typing import Any, Callable
+
+import torch
+
+SYNC_FREE_PLAN_ENV = "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"
+CALL_BEGIN_FORWARD = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward"
+_counts = {"sync_free_plans": 0, "upstream_plans": 0}
+
+
+def sync_free_plan_enabled() -> bool:
+    return os.environ.get(SYNC_FREE_PLAN_ENV, "1") not in ("0", "false", "False")
+
+
+@functools.lru_cache(maxsize=4)
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(function)
+
+
+def _replayable_tree_verify(updater: Any, call: inspect.BoundArguments) -> bool:
+    """A DDTREE verify planned for a captured graph's replay, in the one layout the fast path covers."""
+    args, wrapper = call.arguments, call.arguments["wrapper_paged"]
+    spec_info = args["spec_info"]
+    return (
+        spec_info.kv_lens_upper_cpu is not None
+        and spec_info.ancestor_bits is not None
+        and not args["use_ragged"]
+        and not args.get("use_sliding_window_kv_pool", False)
+        and args.get("multi_item_params") is None
+        and args.get("cross_attention_custom_mask") is None
+        and args.get("custom_kv_indices") is None
+        and args.get("window_left", -1) < 0
+        and getattr(updater.attn_backend, "page_size", 1) == 1
+        and getattr(wrapper, "is_cuda_graph_enabled", False)
+        and getattr(wrapper, "_backend", None) == "fa2"
+        and getattr(wrapper, "_cached_module", None) is not None  # planned once already, at capture
+        and torch.is_tensor(getattr(wrapper, "_custom_mask_buf", None))
+        and torch.is_tensor(getattr(wrapper, "_mask_indptr_buf", None))
+    )
+
+
+def plan_tree_verify_without_host_sync(original: Callable[..., None], updater: Any, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``FlashInferIndicesUpdaterPrefill.call_begin_forward``."""
+    from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan
+
+    from sglang_ddtree.kernels.tree_mask_packed import pack_tree_mask, packed_mask_bytes
+
+    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+
+    call = _signature(original).bind(updater, *args, **kwargs)
+    spec_info = call.arguments.get("spec_info")
+    if not isinstance(spec_info, DDTreeVerifyInput):
+        return original(updater, *args, **kwargs)
+    call.apply_defaults()
+    wrapper = call.arguments["wrapper_paged"]
+    if not sync_free_plan_enabled() or not _replayable_tree_verify(updater, call):
+        _counts["upstream_plans"] += 1
+        return original(updater, *args, **kwargs)
+    n = int(spec_info.draft_token_num)
+    seq_lens = call.arguments["seq_lens"]
+    bs, trees = len(seq_lens), len(spec_info.kv_lens_upper_cpu)  # the graph's batch: the trees, then padding
+    padding = torch.full((bs - trees,), updater.attn_backend.get_cuda_graph_seq_len_fill_value() + n)
+    kv_lens_host = torch.cat([spec_info.kv_lens_upper_cpu, padding]).to(torch.int32)
+    if packed_mask_bytes(kv_lens_host, n) > wrapper._custom_mask_buf.numel():
+        _counts["upstream_plans"] += 1
+        return original(updater, *args, **kwargs)
+    kv_indices, kv_indptr, qo_indptr, _ = spec_info.generate_attn_arg_prefill(
+        call.arguments["req_pool_indices"], call.arguments["paged_kernel_lens"],
+        call.arguments["paged_kernel_lens_sum"], updater.req_to_token,
+    )  # fmt: skip
+    kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
+    torch.cumsum(kv_lens_host, 0, out=kv_indptr_host[1:])
+    fast_prefill_plan(
+        wrapper, qo_indptr, kv_indptr, kv_indices, updater.kv_last_page_len[:bs], updater.num_qo_heads,
+        updater.num_kv_heads, updater.head_dim, 1, q_data_type=updater.q_data_type, kv_data_type=updater.data_type,
+        non_blocking=True, fixed_split_size=call.arguments.get("fixed_split_size"),
+        qo_indptr_host=torch.arange(0, (bs + 1) * n, n, dtype=torch.int32), kv_indptr_host=kv_indptr_host,
+        kv_lens_host=kv_lens_host, max_q_len=n, max_kv_len=int(kv_lens_host.max()),
+    )  # fmt: skip
+    pack_tree_mask(spec_info.ancestor_bits, seq_lens, wrapper._custom_mask_buf, wrapper._mask_indptr_buf)
+    _counts["sync_free_plans"] += 1
+    return None
+
+
+def sync_free_plan_report() -> dict[str, int] | None:
+    """For ``/server_info``: how many DDTREE verify plans took each path in this process (None before any)."""
+    return dict(_counts) if any(_counts.values()) else None
+
+
+def register(registry: Any, hook_type: Any) -> None:
+    registry.register(CALL_BEGIN_FORWARD, plan_tree_verify_without_host_sync, hook_type.AROUND)

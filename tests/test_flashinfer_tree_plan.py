@@ -1,0 +1,111 @@
+"""DDTREE's verify-graph replays plan FlashInfer from host bounds, with the mask packed on the device.
+
+FlashInfer itself does not run on the CPU, so the wrapper is a stand-in carrying the attributes the hook
+checks, and SGLang's ``fast_prefill_plan`` is replaced by a recorder: these tests pin what the hook hands
+FlashInfer (host metadata, device index arrays, the packed mask in the graph's buffers) and when it leaves
+SGLang's own plan in place. The GPU suite runs the real thing (greedy identity with graphs on flashinfer).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from test_tree_kernels import DEVICE, reference_tree
+from test_tree_mask_packed import segment_packbits_reference
+
+from sglang_ddtree import flashinfer_tree_plan
+from sglang_ddtree.ddtree_cuda_graph import tree_verify_dummy
+from sglang_ddtree.kernels.tree_verify_tensors import build_verify_tensors
+
+pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a GPU")
+BUDGET, SEQ_LENS, GRAPH_BS, FILL = 6, [4, 9], 4, 1
+N = BUDGET + 1
+
+
+def call_begin_forward(self, wrapper_ragged, wrapper_paged, req_pool_indices, paged_kernel_lens, paged_kernel_lens_sum,
+                       seq_lens, prefix_lens, kv_start_idx, kv_indptr, qo_indptr, use_ragged, spec_info,
+                       use_sliding_window_kv_pool=False, fixed_split_size=None, multi_item_params=None,
+                       cross_attention_custom_mask=None, seq_lens_cpu=None, custom_kv_indices=None,
+                       window_left=-1):  # fmt: skip
+    """SGLang 0.5.17's signature; records that SGLang's own plan ran."""
+    self.upstream_calls += 1
+
+
+def replay(monkeypatch, spec_info, *, planned: bool = True):
+    """One replay's plan of a 4-request graph holding the 2 requests of SEQ_LENS."""
+    import sglang.srt.layers.attention.flashinfer_backend as backend
+
+    plans = []
+    monkeypatch.setattr(backend, "fast_prefill_plan", lambda wrapper, *args, **kwargs: plans.append((args, kwargs)))
+    req_to_token = torch.arange(4 * 64, dtype=torch.int32, device=DEVICE).view(4, 64)
+    updater = SimpleNamespace(
+        upstream_calls=0, req_to_token=req_to_token, num_qo_heads=4, num_kv_heads=2, head_dim=16,
+        q_data_type=torch.bfloat16, data_type=torch.bfloat16,
+        kv_last_page_len=torch.ones(8, dtype=torch.int32, device=DEVICE),
+        attn_backend=SimpleNamespace(page_size=1, get_cuda_graph_seq_len_fill_value=lambda: FILL),
+    )  # fmt: skip
+    wrapper = SimpleNamespace(
+        is_cuda_graph_enabled=True, _backend="fa2", _cached_module=object() if planned else None,
+        _custom_mask_buf=torch.zeros(4096, dtype=torch.uint8, device=DEVICE),
+        _mask_indptr_buf=torch.zeros(GRAPH_BS + 1, dtype=torch.int32, device=DEVICE),
+    )  # fmt: skip
+    seq_lens = torch.tensor(SEQ_LENS + [FILL] * (GRAPH_BS - len(SEQ_LENS)), dtype=torch.int32, device=DEVICE)
+    flashinfer_tree_plan.plan_tree_verify_without_host_sync(
+        call_begin_forward, updater, None, wrapper, torch.arange(GRAPH_BS, device=DEVICE), seq_lens,
+        int(seq_lens.sum()), seq_lens, None, None, None, None, False, spec_info, seq_lens_cpu=None,
+    )  # fmt: skip
+    return updater, wrapper, plans
+
+
+def tree_spec_info(upper_bounds: list[int]):
+    _, _, (parent, token, depth, _) = reference_tree(len(SEQ_LENS), 4, 1000, BUDGET, "peaked", seed=11)
+    seq = torch.tensor(SEQ_LENS, device=DEVICE)
+    verify = build_verify_tensors(parent.to(DEVICE), token.to(DEVICE), depth.to(DEVICE),
+                                  torch.zeros(len(SEQ_LENS), dtype=torch.int64, device=DEVICE), seq, 4)  # fmt: skip
+    spec_info = tree_verify_dummy(verify.custom_mask, N, 4)
+    spec_info.ancestor_bits = verify.ancestor_bits
+    spec_info.kv_lens_upper_cpu = torch.tensor(upper_bounds) + N
+    return spec_info, verify
+
+
+def test_a_replay_is_planned_from_host_upper_bounds_and_gets_the_packed_mask(monkeypatch):
+    spec_info, verify = tree_spec_info(upper_bounds=[36, 41])  # SGLang's reservation: committed + 2 blocks
+    before = dict(flashinfer_tree_plan._counts)
+    updater, wrapper, plans = replay(monkeypatch, spec_info)
+
+    assert updater.upstream_calls == 0 and len(plans) == 1
+    args, kwargs = plans[0]
+    qo_indptr, kv_indptr = args[0], args[1]
+    kv_lens = [36 + N, 41 + N, FILL + N, FILL + N]  # the trees' bounds, then the graph's padding
+    assert kwargs["qo_indptr_host"].tolist() == [0, N, 2 * N, 3 * N, 4 * N] == qo_indptr.tolist()
+    assert kwargs["kv_lens_host"].tolist() == kv_lens and kwargs["max_kv_len"] == 41 + N and kwargs["max_q_len"] == N
+    assert kwargs["kv_indptr_host"].tolist() == np.cumsum([0, *kv_lens]).tolist()
+    assert kwargs["qo_indptr_host"].device.type == "cpu" and kwargs["kv_indptr_host"].device.type == "cpu"
+    # the device index arrays hold the real lengths: FlashInfer's kernels read those
+    assert kv_indptr.tolist() == np.cumsum([0, *[s + N for s in SEQ_LENS], FILL + N, FILL + N]).tolist()
+
+    expected, expected_indptr = segment_packbits_reference(verify.custom_mask.cpu(), SEQ_LENS, N)
+    assert wrapper._mask_indptr_buf[: len(SEQ_LENS) + 1].tolist() == expected_indptr
+    assert bytes(wrapper._custom_mask_buf[: len(expected)].cpu().tolist()) == expected
+    assert flashinfer_tree_plan._counts["sync_free_plans"] == before["sync_free_plans"] + 1
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["capture (no plan yet)", "no host bounds", "turned off", "mask buffer too small", "not a DDTREE verify"],
+)
+def test_everything_else_keeps_sglangs_plan(monkeypatch, case):
+    spec_info, _ = tree_spec_info(upper_bounds=[36, 41])
+    if case == "no host bounds":
+        spec_info.kv_lens_upper_cpu = None
+    if case == "turned off":
+        monkeypatch.setenv(flashinfer_tree_plan.SYNC_FREE_PLAN_ENV, "0")
+    if case == "mask buffer too small":
+        spec_info.kv_lens_upper_cpu = torch.tensor([5000, 5000])
+    if case == "not a DDTREE verify":
+        spec_info = SimpleNamespace(kv_lens_upper_cpu=torch.tensor([36, 41]))
+    updater, _, plans = replay(monkeypatch, spec_info, planned=case != "capture (no plan yet)")
+    assert updater.upstream_calls == 1 and plans == []
