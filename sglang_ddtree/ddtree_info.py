@@ -20,7 +20,7 @@ class DDTreeVerifyInput(EagleVerifyInput):
     """
 
     ancestor_bits: Optional[torch.Tensor] = None  # [bs, N, ceil(N/64)] int64, the tree block of the mask, packed
-    kv_lens_upper_cpu: Optional[torch.Tensor] = None  # [bs] host upper bounds of the key lengths (seq_len + N)
+    kv_lens_cpu: Optional[torch.Tensor] = None  # [bs] the key lengths (seq_len + N), on the host
 
     @property
     def max_tree_depth(self) -> int:

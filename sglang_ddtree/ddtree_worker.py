@@ -48,6 +48,7 @@ from sglang_ddtree.ddtree_simulation import CURRENT_TREE, simulated_acceptance_m
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_trace_ranges import traced_range
+from sglang_ddtree.flashinfer_tree_plan import sync_free_plan_enabled
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion
 
@@ -83,6 +84,11 @@ class DDTreeWorker(DFlashWorkerV2):
         self._check_tp_trees = tp_tree_check_requested()
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
+        self._plans_from_host_lengths = (
+            sync_free_plan_enabled()
+            and server_args.attention_backend == "flashinfer"
+            and not server_args.disable_cuda_graph
+        )
         self._simulating = simulated_acceptance_mean() > 0
         if self._simulating:
             logger.warning("DDTREE simulates acceptance (SGLANG_SIMULATE_ACC_LEN=%s, along each tree's best branch): "
@@ -120,6 +126,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
         timer = STEP_PROFILE.start(self.device)
         prefix_lens = batch.seq_lens
+        kv_lens_cpu = self._host_kv_lens(batch)  # before the draft launch: see _host_kv_lens
         with traced_range("_draft_block"):
             draft_out = self._draft_block(batch, draft_input)
         timer.mark()
@@ -138,7 +145,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
         with traced_range("_verify_input"):
-            batch.spec_info = self._verify_input(tree, batch, draft_input)
+            batch.spec_info = self._verify_input(tree, batch, kv_lens_cpu)
         if self._simulating:
             CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
@@ -232,18 +239,28 @@ class DDTreeWorker(DFlashWorkerV2):
             return batch.seq_lens_cpu
         return draft_input.reserved_seq_lens_cpu
 
-    def _seq_lens_upper_bounds(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> torch.Tensor:
-        """Host bounds of the committed lengths without reading the device: the lengths SGLang reserved
-        (committed + 2 blocks, while the host's committed view lags at most one step of at most a block)."""
-        reserved = draft_input.reserved_seq_lens_cpu
-        return reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
+    def _host_kv_lens(self, batch: ScheduleBatch) -> Optional[torch.Tensor]:
+        """The verify's key lengths on the host, for a FlashInfer verify-graph plan that reads nothing back.
+
+        Under overlap scheduling the host knows the committed lengths only a step late, and FlashInfer's plan
+        cannot take bounds (a key chunk planned past a request's real length underflows in its kernel: the
+        upper-bound version failed the GPU suite, tests/gpu/RESULTS.md run 38). So the step reads the device
+        lengths once, here, where the GPU has finished the previous step's verify or is about to: FlashInfer's
+        plans would otherwise read them back twice per step (the draft block's and the verify's, the latter
+        after the draft forward). Only where that plan runs (FlashInfer, CUDA graphs).
+        """
+        if not self._plans_from_host_lengths:
+            return None
+        return (batch.seq_lens + self.tree_width).to("cpu", torch.int32)
 
     def _seq_lens_upper_bound(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> int:
-        """Size for the FULL tree mask."""
-        return int(self._seq_lens_upper_bounds(batch, draft_input).sum())
+        """Size for the FULL tree mask without reading the device lengths: the reserved lengths bound them."""
+        reserved = draft_input.reserved_seq_lens_cpu
+        host = reserved if reserved is not None else self._host_seq_lens(batch, draft_input)
+        return int(host.sum())
 
     def _verify_input(
-        self, tree: DDTreeTensors, batch: ScheduleBatch, draft_input: DFlashDraftInputV2
+        self, tree: DDTreeTensors, batch: ScheduleBatch, kv_lens_cpu: Optional[torch.Tensor]
     ) -> DDTreeVerifyInput:
         return DDTreeVerifyInput(
             draft_token=tree.draft_token,
@@ -260,7 +277,7 @@ class DDTreeWorker(DFlashWorkerV2):
             seq_lens_sum=batch.seq_lens_sum,
             seq_lens_cpu=batch.seq_lens_cpu,
             ancestor_bits=tree.ancestor_bits,
-            kv_lens_upper_cpu=self._seq_lens_upper_bounds(batch, draft_input) + self.tree_width,
+            kv_lens_cpu=kv_lens_cpu,
         )
 
     def _append_committed_to_draft_kv(

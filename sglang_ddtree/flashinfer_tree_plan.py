@@ -1,20 +1,21 @@
-"""A tree verify's FlashInfer plan without host synchronisation (CUDA-graph replays of DDTREE's target verify).
+"""A tree verify's FlashInfer plan from host lengths, with the mask packed on the device (DDTREE verify graphs).
 
 Before each replay of a tree-verify graph SGLang 0.5.17 re-plans FlashInfer's paged prefill
 (``FlashInferIndicesUpdaterPrefill.call_begin_forward`` -> ``BatchPrefillWithPagedKVCacheWrapper.plan``) with the
 tree's FULL boolean mask. ``plan()`` then reads ``qo_indptr``, ``paged_kv_indptr`` and ``paged_kv_last_page_len``
 back to the host and packs the mask with ``segment_packbits``, whose size it reads back too: four blocking
-device-to-host copies per decode step (torch's sync debug mode, tests/gpu/RESULTS.md run 37), each of which
-drains the GPU's queue and stops the host from running ahead — the step becomes host time plus GPU time.
+device-to-host copies (torch's sync debug mode, tests/gpu/RESULTS.md run 37), and they come after the draft
+forward was launched, so the host waits for the whole draft before it can launch the verify.
 
-SGLang already has the sync-free replacement for its EAGLE draft-extend graph (``fast_prefill_plan``: the
-wrapper's plan from host-known lengths). This AROUND hook uses it for DDTREE's verify graphs, with
+SGLang already has the replacement for its EAGLE draft-extend graph (``fast_prefill_plan``: the wrapper's plan
+from host-known lengths). This AROUND hook uses it for DDTREE's verify graphs, with
 
-- host upper bounds of the key lengths (``DDTreeVerifyInput.kv_lens_upper_cpu``: the lengths SGLang reserved
-  for each request, + N). FlashInfer's plan only splits the work with them; the kernels read each request's
-  real length from the device ``paged_kv_indptr``, so an over-long chunk just has fewer keys;
+- the key lengths on the host (``DDTreeVerifyInput.kv_lens_cpu``), read by the worker once at the start of the
+  step, before the draft launch (``DDTreeWorker._host_kv_lens``). They must be exact: planned from upper
+  bounds (what the host knows without reading the device under overlap scheduling), FlashInfer's kernel gets
+  key chunks that start past a request's real length, and the verify was wrong (run 38);
 - the packed mask and its byte offsets written by ``kernels/tree_mask_packed.py`` straight into the graph's
-  mask buffers, from the trees' ancestor bits and the device lengths.
+  mask buffers, from the trees' ancestor bits and the device lengths (no boolean-mask packing pass).
 
 Anything else (eager verifies, the capture's own plans, other algorithms, sliding-window or paged KV layouts,
 other FlashInfer backends) keeps SGLang's path. ``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0`` turns it off
@@ -49,7 +50,7 @@ def _replayable_tree_verify(updater: Any, call: inspect.BoundArguments) -> bool:
     args, wrapper = call.arguments, call.arguments["wrapper_paged"]
     spec_info = args["spec_info"]
     return (
-        spec_info.kv_lens_upper_cpu is not None
+        spec_info.kv_lens_cpu is not None
         and spec_info.ancestor_bits is not None
         and not args["use_ragged"]
         and not args.get("use_sliding_window_kv_pool", False)
@@ -85,9 +86,9 @@ def plan_tree_verify_without_host_sync(original: Callable[..., None], updater: A
         return original(updater, *args, **kwargs)
     n = int(spec_info.draft_token_num)
     seq_lens = call.arguments["seq_lens"]
-    bs, trees = len(seq_lens), len(spec_info.kv_lens_upper_cpu)  # the graph's batch: the trees, then padding
+    bs, trees = len(seq_lens), len(spec_info.kv_lens_cpu)  # the graph's batch: the trees, then padding
     padding = torch.full((bs - trees,), updater.attn_backend.get_cuda_graph_seq_len_fill_value() + n)
-    kv_lens_host = torch.cat([spec_info.kv_lens_upper_cpu, padding]).to(torch.int32)
+    kv_lens_host = torch.cat([spec_info.kv_lens_cpu, padding]).to(torch.int32)
     if packed_mask_bytes(kv_lens_host, n) > wrapper._custom_mask_buf.numel():
         _counts["upstream_plans"] += 1
         return original(updater, *args, **kwargs)

@@ -1,4 +1,4 @@
-"""DDTREE's verify-graph replays plan FlashInfer from host bounds, with the mask packed on the device.
+"""DDTREE's verify-graph replays plan FlashInfer from host lengths, with the mask packed on the device.
 
 FlashInfer itself does not run on the CPU, so the wrapper is a stand-in carrying the attributes the hook
 checks, and SGLang's ``fast_prefill_plan`` is replaced by a recorder: these tests pin what the hook hands
@@ -60,32 +60,31 @@ def replay(monkeypatch, spec_info, *, planned: bool = True):
     return updater, wrapper, plans
 
 
-def tree_spec_info(upper_bounds: list[int]):
+def tree_spec_info(host_lens: list[int]):
     _, _, (parent, token, depth, _) = reference_tree(len(SEQ_LENS), 4, 1000, BUDGET, "peaked", seed=11)
     seq = torch.tensor(SEQ_LENS, device=DEVICE)
     verify = build_verify_tensors(parent.to(DEVICE), token.to(DEVICE), depth.to(DEVICE),
                                   torch.zeros(len(SEQ_LENS), dtype=torch.int64, device=DEVICE), seq, 4)  # fmt: skip
     spec_info = tree_verify_dummy(verify.custom_mask, N, 4)
     spec_info.ancestor_bits = verify.ancestor_bits
-    spec_info.kv_lens_upper_cpu = torch.tensor(upper_bounds) + N
+    spec_info.kv_lens_cpu = torch.tensor(host_lens) + N
     return spec_info, verify
 
 
-def test_a_replay_is_planned_from_host_upper_bounds_and_gets_the_packed_mask(monkeypatch):
-    spec_info, verify = tree_spec_info(upper_bounds=[36, 41])  # SGLang's reservation: committed + 2 blocks
+def test_a_replay_is_planned_from_the_host_lengths_and_gets_the_packed_mask(monkeypatch):
+    spec_info, verify = tree_spec_info(host_lens=SEQ_LENS)
     before = dict(flashinfer_tree_plan._counts)
     updater, wrapper, plans = replay(monkeypatch, spec_info)
 
     assert updater.upstream_calls == 0 and len(plans) == 1
     args, kwargs = plans[0]
     qo_indptr, kv_indptr = args[0], args[1]
-    kv_lens = [36 + N, 41 + N, FILL + N, FILL + N]  # the trees' bounds, then the graph's padding
+    kv_lens = [SEQ_LENS[0] + N, SEQ_LENS[1] + N, FILL + N, FILL + N]  # the trees', then the graph's padding
     assert kwargs["qo_indptr_host"].tolist() == [0, N, 2 * N, 3 * N, 4 * N] == qo_indptr.tolist()
-    assert kwargs["kv_lens_host"].tolist() == kv_lens and kwargs["max_kv_len"] == 41 + N and kwargs["max_q_len"] == N
+    assert kwargs["kv_lens_host"].tolist() == kv_lens and kwargs["max_kv_len"] == max(SEQ_LENS) + N and kwargs["max_q_len"] == N
     assert kwargs["kv_indptr_host"].tolist() == np.cumsum([0, *kv_lens]).tolist()
     assert kwargs["qo_indptr_host"].device.type == "cpu" and kwargs["kv_indptr_host"].device.type == "cpu"
-    # the device index arrays hold the real lengths: FlashInfer's kernels read those
-    assert kv_indptr.tolist() == np.cumsum([0, *[s + N for s in SEQ_LENS], FILL + N, FILL + N]).tolist()
+    assert kv_indptr.tolist() == np.cumsum([0, *kv_lens]).tolist()  # the device copy FlashInfer's kernels read
 
     expected, expected_indptr = segment_packbits_reference(verify.custom_mask.cpu(), SEQ_LENS, N)
     assert wrapper._mask_indptr_buf[: len(SEQ_LENS) + 1].tolist() == expected_indptr
@@ -98,14 +97,14 @@ def test_a_replay_is_planned_from_host_upper_bounds_and_gets_the_packed_mask(mon
     ["capture (no plan yet)", "no host bounds", "turned off", "mask buffer too small", "not a DDTREE verify"],
 )
 def test_everything_else_keeps_sglangs_plan(monkeypatch, case):
-    spec_info, _ = tree_spec_info(upper_bounds=[36, 41])
+    spec_info, _ = tree_spec_info(host_lens=SEQ_LENS)
     if case == "no host bounds":
-        spec_info.kv_lens_upper_cpu = None
+        spec_info.kv_lens_cpu = None
     if case == "turned off":
         monkeypatch.setenv(flashinfer_tree_plan.SYNC_FREE_PLAN_ENV, "0")
     if case == "mask buffer too small":
-        spec_info.kv_lens_upper_cpu = torch.tensor([5000, 5000])
+        spec_info.kv_lens_cpu = torch.tensor([5000, 5000])
     if case == "not a DDTREE verify":
-        spec_info = SimpleNamespace(kv_lens_upper_cpu=torch.tensor([36, 41]))
+        spec_info = SimpleNamespace(kv_lens_cpu=torch.tensor(SEQ_LENS))
     updater, _, plans = replay(monkeypatch, spec_info, planned=case != "capture (no plan yet)")
     assert updater.upstream_calls == 1 and plans == []
