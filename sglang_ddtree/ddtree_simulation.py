@@ -88,8 +88,11 @@ def simulate_acceptance_along_the_best_branch(original: Callable[..., torch.Tens
     tokens = candidates.reshape(-1)
     following = torch.cat([index[:, 1:], torch.full_like(index[:, :1], -1)], dim=1)
     committed = torch.where(following >= 0, tokens[following.clamp(min=0).long()], candidates[:, :1])
+    # Without boolean indexing (a device-to-host read of the count, run 37's sync debug log): entries past the
+    # chain rewrite the root's slot with the root's own value.
     predict = kwargs["predict"]
-    predict[index[accepted].long()] = committed[accepted].to(predict.dtype)
+    slots = torch.where(accepted, index, index[:, :1]).long().reshape(-1)
+    predict[slots] = torch.where(accepted, committed, committed[:, :1]).reshape(-1).to(predict.dtype)
     return index
 
 

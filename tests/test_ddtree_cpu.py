@@ -124,3 +124,25 @@ def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():
     assert best_branch_accept_index(next_token, length=3, width=5).tolist() == [[0, 1, 3, -1, -1], [5, 6, -1, -1, -1]]
     assert best_branch_accept_index(next_token, length=9, width=4).tolist() == [[0, 1, 3, 4], [5, 6, -1, -1]]
     assert best_branch_accept_index(next_token, length=1, width=4).tolist() == [[0, -1, -1, -1], [5, -1, -1, -1]]
+
+
+def test_the_simulated_commit_writes_the_branch_tokens_and_the_root_bonus_and_nothing_else(monkeypatch):
+    """Each committed node's prediction is the next branch node's drafted token; the last one's is the root's
+    candidate (the bonus); every other slot keeps its value (the write has no boolean index: no host read)."""
+    import torch
+    from sglang.srt.speculative import spec_utils
+
+    from sglang_ddtree import ddtree_simulation
+
+    monkeypatch.setattr(spec_utils, "_sample_simulated_acc_len", lambda mean, method, width: 3)
+    monkeypatch.setattr(ddtree_simulation.CURRENT_TREE, "next_token", torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1]]))
+    candidates = torch.arange(100, 110).view(2, 5)  # node i of tree b drafted token 100 + 5b + i
+    predict = torch.full((10,), -7, dtype=torch.int32)
+    drafts = torch.zeros(2, dtype=torch.int32)
+    index = ddtree_simulation.simulate_acceptance_along_the_best_branch(
+        lambda **kwargs: None, candidates=candidates, predict=predict, num_correct_drafts=drafts, spec_steps=4,
+        simulate_acc_len=3.0,
+    )  # fmt: skip
+    assert index.tolist() == [[0, 1, 3, -1, -1], [5, 6, -1, -1, -1]]
+    assert drafts.tolist() == [2, 1]
+    assert predict.tolist() == [101, 103, -7, 100, -7, 106, 105, -7, -7, -7]
