@@ -2,7 +2,8 @@
 
     python -m bench.side_by_side --model-path P [--draft-model-path D] --algos ar,mtp,dflash,ddtree \\
         [--budgets 16,32,64] [--concurrency 1,4,16] [--temperatures 0,1] [--datasets mt_bench,humaneval] \\
-        [--num-prompts N] [--max-new-tokens 256] [--tp 2] [--profile-steps] --out DIR [--resume] \\
+        [--num-prompts N] [--max-new-tokens 256] [--tp 2] [--profile-steps] [--ignore-eos] \\
+        [--simulate-tau mtp=3.6,dflash=3.1,ddtree=4] [--random-prompt-len 1024] --out DIR [--resume] \\
         [-- shared SGLang server flags ...]
 
 Each configuration (one per algorithm; DDTree once per budget) is first checked by the launcher's
@@ -21,6 +22,13 @@ log-probability margin there (AR's per-token top-2 are recorded in an extra, unt
 
 ``--profile-steps`` also splits each DDTree cell's decode step into its phases (CUDA events on the server,
 ``sglang_ddtree.ddtree_step_profile``): where the step's time goes on the pair being measured.
+
+A step's cost depends on shapes, not weights: on a random-weight target (``--load-format dummy`` after ``--``),
+``--simulate-tau ALGO=MEAN`` makes that algorithm's servers commit a drawn length of mean MEAN per verify (SGLang's
+cost-only ``SGLANG_SIMULATE_ACC_LEN``; DDTREE along each tree's best branch, or per request from the histogram
+file in ``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``), with ``--ignore-eos`` so that every request runs its length;
+the report names the simulated configurations. ``--datasets random --random-prompt-len N`` sends N-token
+prompts of seeded random token ids (``--num-prompts`` of them) instead of MT-Bench/HumanEval.
 
 Writes ``side_by_side.json`` (every raw number and the exact commands), ``side_by_side.md`` and PNG plots,
 after every configuration; ``--resume`` keeps the configurations already in ``DIR`` and measures the others
@@ -168,6 +176,9 @@ def markdown(meta: dict, rows: list[dict], divergences: list[dict]) -> str:
         "# Side-by-side: AR vs MTP vs DFlash vs DDTree", "",
         f"{meta.get('date', '')} · commit {meta.get('commit', '?')} · {meta.get('gpu', '?')} · "
         f"model {meta.get('model_path', '?')} · tp {meta.get('tp', '?')} · max new tokens {meta.get('max_new_tokens')}", "",
+        *([f"**Simulated acceptance (cost only, outputs are not the target's)**: mean tau "
+           + ", ".join(f"{algo} {tau:g}" for algo, tau in meta["simulated_tau"].items()), ""]
+          if meta.get("simulated_tau") else []),
         "| config | dataset | T | conc. | req | tau | decode tok/s | e2e tok/s | TTFT (s) | TPOT (ms) | output tok/s "
         "| vs AR | vs MTP |",
         "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
@@ -398,6 +409,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--profile-steps", action="store_true",
                         help=f"DDTree servers time their decode-step phases ({PROFILE_STEPS_ENV}=1: CUDA events, no "
                         "host sync); the per-cell split is added to the report")  # fmt: skip
+    parser.add_argument("--ignore-eos", action="store_true", help="every request generates --max-new-tokens")
+    parser.add_argument("--simulate-tau", type=simulated_taus, default={},
+                        help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN, "
+                        "cost only)")  # fmt: skip
+    parser.add_argument("--random-prompt-len", type=int, default=1024,
+                        help="tokens per prompt of --datasets random")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations already measured in --out and run only the others")
     args = parser.parse_args(own)
@@ -410,7 +427,46 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'")
     if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(args.budgets) < 1:
         parser.error("--concurrency and --budgets take positive integers")
+    if set(args.simulate_tau) - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
+        parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
+    if "random" in args.datasets and (args.num_prompts < 1 or args.random_prompt_len < 1):
+        parser.error("--datasets random needs --num-prompts and --random-prompt-len of at least 1")
     return args, shared
+
+
+def simulated_taus(text: str) -> dict[str, float]:
+    """``dflash=1.42,ddtree=1.9`` -> ``{"dflash": 1.42, "ddtree": 1.9}`` (a mean acceptance length is >= 1)."""
+    taus = {}
+    for item in text.split(","):
+        algo, _, mean = item.partition("=")
+        try:
+            taus[algo] = float(mean)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{item}' is not ALGO=MEAN") from None
+        if taus[algo] < 1:
+            raise argparse.ArgumentTypeError(f"'{item}': a mean acceptance length is at least 1")
+    return taus
+
+
+def simulation_env(config: str, simulate_tau: dict[str, float]) -> dict[str, str]:
+    """SGLang's cost-only acceptance knob for a configuration whose algorithm ``--simulate-tau`` names."""
+    tau = simulate_tau.get(config.split()[0])
+    return {"SGLANG_SIMULATE_ACC_LEN": str(tau)} if tau is not None else {}
+
+
+def random_prompts(count: int, length: int, model_path: str, seed: int = 0) -> list[dict]:
+    """``count`` prompts of ``length`` seeded random token ids below the model's and the tokenizer's vocabulary
+    (SGLang's ``random-ids`` idea): the cost of a prompt length, no text."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from sglang_ddtree.model_configs import load_config, text_config
+
+    vocab = min(len(AutoTokenizer.from_pretrained(model_path)), int(text_config(load_config(model_path))["vocab_size"]))
+    generator = torch.Generator().manual_seed(seed)
+    return [{"id": f"random/{i}", "dataset": "random", "prompt": None,
+             "input_ids": torch.randint(0, vocab, (length,), generator=generator).tolist()}
+            for i in range(count)]  # fmt: skip
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -428,16 +484,19 @@ def main(argv: Optional[list[str]] = None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for name in args.datasets:
+    for name in (d for d in args.datasets if d != "random"):
         chosen = prompt_sets.load([name], args.wheel_dir)
         rows += chosen[: args.num_prompts] if args.num_prompts else chosen
     prompts = tokenized_prompts(rows, args.model_path)
+    if "random" in args.datasets:
+        prompts += random_prompts(args.num_prompts, args.random_prompt_len, args.model_path)
     warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
                                 for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
     records, ar_top2, commands, step_profiles = resumed(out) if args.resume else ([], {}, {}, [])
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
-            "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args)}  # fmt: skip
+            "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args),
+            "simulated_tau": args.simulate_tau}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
     todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
     with tqdm(total=len(todo) * len(cells) * len(prompts), unit="req") as progress:
@@ -445,8 +504,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
             log = str(out / f"server_{config.replace(' ', '_')}.log")
             profile = args.profile_steps and config.startswith("ddtree")
-            env = {PROFILE_STEPS_ENV: "1"} if profile else None
-            with launched_server([*launch_args, *shared], log_path=log, env=env, ready_timeout=900) \
+            env = {**({PROFILE_STEPS_ENV: "1"} if profile else {}), **simulation_env(config, args.simulate_tau)}
+            with launched_server([*launch_args, *shared], log_path=log, env=env or None, ready_timeout=900) \
                     if config not in attached else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
                 flush_prefix_cache(url)
@@ -456,7 +515,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
                     warm_up_cell(url, config, warmup, temperature, concurrency)
                     before = server_step_profile(url) if profile else None
-                    records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens)
+                    records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens,
+                                        args.ignore_eos)  # fmt: skip
                     if before is not None:
                         after = server_step_profile(url)
                         step_profiles.append({"config": config, "datasets": args.datasets, "temperature": temperature,

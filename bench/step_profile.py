@@ -51,6 +51,8 @@ from bench.side_by_side import (
     configurations,
     refused_configuration,
     run_cell,
+    simulated_taus,
+    simulation_env,
     tokenized_prompts,
 )
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
@@ -237,20 +239,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, shared
 
 
-def simulated_taus(text: str) -> dict[str, float]:
-    """``dflash=1.42,ddtree=1.9`` -> ``{"dflash": 1.42, "ddtree": 1.9}`` (a mean acceptance length is >= 1)."""
-    taus = {}
-    for item in text.split(","):
-        algo, _, mean = item.partition("=")
-        try:
-            taus[algo] = float(mean)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{item}' is not ALGO=MEAN") from None
-        if taus[algo] < 1:
-            raise argparse.ArgumentTypeError(f"'{item}': a mean acceptance length is at least 1")
-    return taus
-
-
 def server_env(config: str, args: argparse.Namespace) -> dict[str, str]:
     """Environment of one configuration's server: DDTree's phase timer, the host-timed ranges, the sync debug
     mode when asked, and the simulated acceptance asked for that algorithm."""
@@ -260,9 +248,7 @@ def server_env(config: str, args: argparse.Namespace) -> dict[str, str]:
     env[TRACE_RANGES_ENV] = "1"
     if args.sync_debug:
         env[SYNC_DEBUG_ENV] = "1"
-    if (tau := args.simulate_tau.get(config.split()[0])) is not None:
-        env["SGLANG_SIMULATE_ACC_LEN"] = str(tau)
-    return env
+    return {**env, **simulation_env(config, args.simulate_tau)}
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -11,18 +11,27 @@ token as the bonus. The target still verifies the whole
 tree, and the KV, GDN-state and draft-context commits run on the path as they would on an accepted one: the step
 costs what a real one does. The committed tokens are not the target's: the server logs that it is simulating,
 ``/server_info`` reports ``ddtree_simulated_acceptance``, and nothing of it is lossless.
+
+``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM=FILE`` draws each request's length from a measured distribution instead
+(a JSON list: entry ``L - 1`` is the weight of committing ``L`` tokens, e.g. a verify's acceptance histogram),
+one draw per request per verify. SGLang calls the helper only while ``SGLANG_SIMULATE_ACC_LEN`` is positive, so
+that stays set (to the histogram's mean, for the other algorithms of a comparison).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-from typing import Any, Callable, Optional
+import os
+from typing import Any, Callable, Optional, Union
 
 import torch
 
 logger = logging.getLogger(__name__)
 
 SIMULATE_TARGET = "sglang.srt.speculative.spec_utils.generate_simulated_accept_index"
+HISTOGRAM_ENV = "SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM"
 
 
 class _CurrentTree:
@@ -42,6 +51,45 @@ def simulated_acceptance_mean() -> float:
     return float(SIMULATE_ACC_LEN)
 
 
+@functools.lru_cache(maxsize=1)
+def _histogram_from(path: str) -> torch.Tensor:
+    try:
+        with open(path) as f:
+            weights = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{HISTOGRAM_ENV}={path}: cannot read a JSON list of weights ({error})") from None
+    if (not isinstance(weights, list) or not weights
+            or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and w >= 0 for w in weights)
+            or sum(weights) <= 0):  # fmt: skip
+        raise ValueError(f"{HISTOGRAM_ENV}={path}: expected a JSON list of non-negative weights with a positive sum "
+                         "(entry L-1 = weight of committing L tokens)")  # fmt: skip
+    probs = torch.tensor(weights, dtype=torch.float64)
+    return probs / probs.sum()
+
+
+def simulated_length_histogram() -> Optional[torch.Tensor]:
+    """The length distribution of ``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM`` (probabilities of 1, 2, ... tokens), or
+    None; a bad file is a ``ValueError`` naming the variable."""
+    path = os.environ.get(HISTOGRAM_ENV, "")
+    return _histogram_from(path) if path else None
+
+
+def check_simulation_settings(mean: float) -> None:
+    """``ValueError`` (naming the variable) for a histogram file that does not read, or one set without SGLang's
+    own knob (``mean`` = ``SGLANG_SIMULATE_ACC_LEN``), which is what makes SGLang call the simulation."""
+    if simulated_length_histogram() is not None and not mean > 0:
+        raise ValueError(f"{HISTOGRAM_ENV} needs SGLANG_SIMULATE_ACC_LEN > 0 too (SGLang runs the simulation only "
+                         "then): set it to the histogram's mean")  # fmt: skip
+
+
+def draw_lengths(histogram: torch.Tensor, batch_size: int, width: int, generator: Optional[torch.Generator] = None
+                 ) -> torch.Tensor:  # fmt: skip
+    """``[batch_size]`` committed lengths drawn from ``histogram`` on the host (as SGLang draws its own), at most
+    ``width``."""
+    lengths = torch.multinomial(histogram.float(), batch_size, replacement=True, generator=generator) + 1
+    return lengths.clamp(max=width)
+
+
 def simulation_report() -> Optional[dict[str, Any]]:
     """For ``/server_info`` on a DDTREE server that simulates; None otherwise."""
     import sglang_ddtree
@@ -51,22 +99,30 @@ def simulation_report() -> Optional[dict[str, Any]]:
     mean = simulated_acceptance_mean()
     if mean <= 0 or get_spec().speculative_algorithm != sglang_ddtree.DDTREE_ALGORITHM_NAME:
         return None
+    histogram = simulated_length_histogram()
+    if histogram is not None:
+        return {"length_histogram": [round(float(p), 6) for p in histogram], "method": "per-request draw",
+                "note": "cost-only simulation: committed tokens are not the target's"}  # fmt: skip
     return {"mean_accept_length": mean, "method": SIMULATE_ACC_METHOD,
             "note": "cost-only simulation: committed tokens are not the target's"}  # fmt: skip
 
 
-def best_branch_accept_index(next_token: torch.Tensor, length: int, width: int) -> torch.Tensor:
-    """``[bs, width]`` flat node indices (``b * N + node``) of each tree's first ``length`` nodes along its
-    first-child chain from the root, ``-1`` past the end of the chain or of ``length``."""
+def best_branch_accept_index(next_token: torch.Tensor, length: Union[int, torch.Tensor], width: int) -> torch.Tensor:
+    """``[bs, width]`` flat node indices (``b * N + node``) of each tree's first ``length`` nodes (one length, or
+    ``[bs]`` on the device) along its first-child chain from the root, ``-1`` past the end of the chain or of the
+    length."""
     bs, num_nodes = next_token.shape
     rows = torch.arange(bs, device=next_token.device)
     index = torch.full((bs, width), -1, dtype=torch.int32, device=next_token.device)
     index[:, 0] = rows * num_nodes
     node = torch.zeros(bs, dtype=torch.long, device=next_token.device)
     alive = torch.ones(bs, dtype=torch.bool, device=next_token.device)
-    for depth in range(1, min(length, width)):
+    per_request = isinstance(length, torch.Tensor)
+    for depth in range(1, width if per_request else min(length, width)):
         child = next_token[rows, node].long()
         alive &= child >= 0
+        if per_request:
+            alive &= length > depth
         node = torch.where(alive, child, node)
         index[:, depth] = torch.where(alive, rows * num_nodes + node, -1).to(torch.int32)
     return index
@@ -80,7 +136,11 @@ def simulate_acceptance_along_the_best_branch(original: Callable[..., torch.Tens
     if next_token is None:
         return original(**kwargs)
     width = kwargs["spec_steps"] + 1
-    length = _sample_simulated_acc_len(kwargs["simulate_acc_len"], SIMULATE_ACC_METHOD, width)
+    histogram = simulated_length_histogram()
+    if histogram is not None:
+        length = draw_lengths(histogram, next_token.shape[0], width).to(next_token.device, non_blocking=True)
+    else:
+        length = _sample_simulated_acc_len(kwargs["simulate_acc_len"], SIMULATE_ACC_METHOD, width)
     index = best_branch_accept_index(next_token, length, width)
     accepted = index >= 0
     kwargs["num_correct_drafts"].copy_(accepted.sum(1) - 1)

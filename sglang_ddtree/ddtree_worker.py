@@ -44,7 +44,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
-from sglang_ddtree.ddtree_simulation import CURRENT_TREE, simulated_acceptance_mean
+from sglang_ddtree.ddtree_simulation import CURRENT_TREE, check_simulation_settings, simulated_acceptance_mean
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_trace_ranges import traced_range
@@ -90,6 +90,7 @@ class DDTreeWorker(DFlashWorkerV2):
             and not server_args.disable_cuda_graph
         )
         self._simulating = simulated_acceptance_mean() > 0
+        check_simulation_settings(simulated_acceptance_mean())
         if self._simulating:
             logger.warning("DDTREE simulates acceptance (SGLANG_SIMULATE_ACC_LEN=%s, along each tree's best branch): "
                            "cost only, the output is not the target's", simulated_acceptance_mean())  # fmt: skip

@@ -204,6 +204,8 @@ def resolve_server_argv(request: LaunchRequest, model_path: str) -> list[str]:
         raise LaunchError(f"--draft-model-path is only used by --algo dflash and ddtree, not {request.algo}")
     if request.budget is not None and request.algo != "ddtree":
         raise LaunchError(f"--budget only applies to --algo ddtree, not {request.algo}")
+    if request.algo == "ddtree":
+        _check_simulated_acceptance()
     request = LaunchRequest(**{**request.__dict__, "model_path": model_path})
     target_config = model_configs.load_config(model_path)
     model_configs.check_tensor_parallel_size(target_config, request.tp, model_path)
@@ -243,6 +245,22 @@ def _number_flag(args: Sequence[str], flag: str, kind: type, default):
 
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def _check_simulated_acceptance() -> None:
+    """The cost-only simulation's histogram file (``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``) reads, and SGLang's own
+    knob is on beside it (SGLang calls the simulation only then): checked here rather than in the worker."""
+    from sglang_ddtree.ddtree_simulation import check_simulation_settings
+
+    raw = os.environ.get("SGLANG_SIMULATE_ACC_LEN", "")
+    try:
+        mean = float(raw) if raw else -1.0
+    except ValueError:
+        raise LaunchError(f"SGLANG_SIMULATE_ACC_LEN={raw!r} is not a number") from None
+    try:
+        check_simulation_settings(mean)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
 
 
 def _check_hybrid_dtype(request: LaunchRequest, target_config: dict) -> None:

@@ -146,3 +146,44 @@ def test_the_simulated_commit_writes_the_branch_tokens_and_the_root_bonus_and_no
     assert index.tolist() == [[0, 1, 3, -1, -1], [5, 6, -1, -1, -1]]
     assert drafts.tolist() == [2, 1]
     assert predict.tolist() == [101, 103, -7, 100, -7, 106, 105, -7, -7, -7]
+
+
+def test_per_request_lengths_cut_each_tree_at_its_own_draw():
+    import torch
+
+    from sglang_ddtree.ddtree_simulation import best_branch_accept_index
+
+    next_token = torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1], [1, 2, 3, 4, -1]])
+    index = best_branch_accept_index(next_token, torch.tensor([2, 4, 5]), width=5)
+    assert index.tolist() == [[0, 1, -1, -1, -1], [5, 6, -1, -1, -1], [10, 11, 12, 13, 14]]
+
+
+def test_histogram_draws_follow_the_file_and_bad_files_are_named(tmp_path, monkeypatch):
+    """``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``: weights [1, 2, 0, 1] -> lengths 1/2/4 at 1/4, 1/2, 1/4 (capped at
+    the verify's width); a file that is not a list of weights is refused naming the variable."""
+    import json
+
+    import torch
+
+    from sglang_ddtree import ddtree_simulation
+
+    path = tmp_path / "histogram.json"
+    path.write_text(json.dumps([1, 2, 0, 1]))
+    monkeypatch.setenv(ddtree_simulation.HISTOGRAM_ENV, str(path))
+    histogram = ddtree_simulation.simulated_length_histogram()
+    assert histogram.tolist() == [0.25, 0.5, 0.0, 0.25]
+    lengths = ddtree_simulation.draw_lengths(histogram, 40000, width=8, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(lengths, minlength=5).tolist()
+    assert counts[0] == counts[3] == 0
+    for length, p in ((1, 0.25), (2, 0.5), (4, 0.25)):  # within 4 standard deviations of 40,000 draws
+        assert abs(counts[length] / 40000 - p) < 4 * (p * (1 - p) / 40000) ** 0.5, counts
+    assert ddtree_simulation.draw_lengths(histogram, 1000, width=2).max() == 2
+    with pytest.raises(ValueError, match="needs SGLANG_SIMULATE_ACC_LEN > 0"):
+        ddtree_simulation.check_simulation_settings(-1.0)
+    ddtree_simulation.check_simulation_settings(2.0)
+    for bad in ("[]", "[-1, 2]", '{"a": 1}', "[0, 0]", "not json"):
+        bad_path = tmp_path / f"bad{len(bad)}.json"
+        bad_path.write_text(bad)
+        monkeypatch.setenv(ddtree_simulation.HISTOGRAM_ENV, str(bad_path))
+        with pytest.raises(ValueError, match=ddtree_simulation.HISTOGRAM_ENV):
+            ddtree_simulation.simulated_length_histogram()

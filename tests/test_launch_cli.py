@@ -94,6 +94,40 @@ def test_ddtree_runs_tensor_parallel(models):
     assert flag(argv, "--tp-size") == "2" and flag(argv, "--speculative-algorithm") == "DDTREE"
 
 
+@pytest.mark.parametrize(
+    "scale_out",
+    [
+        ["--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:5000"],  # TP across two nodes
+        ["--dp-size", "2"],  # data-parallel replicas behind SGLang's own balancer
+    ],
+)
+def test_ddtree_passes_sglangs_multi_node_and_data_parallel_flags_through_unchanged(models, scale_out):
+    argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                        "--tp", "2", *scale_out)  # fmt: skip
+    assert argv[-len(scale_out) :] == scale_out
+    assert flag(argv, "--tp-size") == "2" and flag(argv, "--speculative-algorithm") == "DDTREE"
+
+
+@pytest.mark.parametrize(
+    "histogram, mean, fragments",
+    [
+        ("[1, 3, 1]", None, ["SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM needs SGLANG_SIMULATE_ACC_LEN > 0"]),
+        ("[1, -3]", "2", ["SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM=", "non-negative weights"]),
+        (None, "two", ["SGLANG_SIMULATE_ACC_LEN='two' is not a number"]),
+    ],
+)
+def test_a_cost_only_simulation_set_up_wrong_is_one_line(models, tmp_path, histogram, mean, fragments):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_SIMULATE", "SGLANG_DDTREE_SIMULATE"))}
+    if histogram is not None:
+        (tmp_path / "h.json").write_text(histogram)
+        env["SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM"] = str(tmp_path / "h.json")
+    if mean is not None:
+        env["SGLANG_SIMULATE_ACC_LEN"] = mean
+    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                    "--dry-run", env=env)  # fmt: skip
+    assert_one_line_error(result, *fragments)
+
+
 def test_ddtree_budget_defaults_to_32(models):
     argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"])
     assert flag(argv, "--speculative-num-draft-tokens") == "33"

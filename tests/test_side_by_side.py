@@ -120,6 +120,8 @@ def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the
         (["--algos", "ar", "--concurrency", "0"], "--concurrency and --budgets take positive integers"),
         (["--algos", "ar", "--budgets", "16,x"], "argument --budgets: '16,x' is not a comma-separated list of integers"),
         (["--algos", "ar", "--url", "http://127.0.0.1:30000"], "--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'"),
+        (["--algos", "ar", "--simulate-tau", "ar=3"], "--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)"),
+        (["--algos", "ar", "--datasets", "random"], "--datasets random needs --num-prompts and --random-prompt-len of at least 1"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
@@ -127,6 +129,27 @@ def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
         side_by_side.parse_args(["--model-path", "M", "--out", "o", *argv])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == f"python -m bench.side_by_side: error: {message}\n"
+
+
+def test_simulated_configurations_get_sglangs_knob_and_the_report_says_so():
+    args, _ = side_by_side.parse_args(["--model-path", "M", "--draft-model-path", "D", "--out", "o", "--algos",
+                                       "ar,mtp,ddtree", "--budgets", "16,32", "--simulate-tau", "mtp=3.6,ddtree=4"])
+    assert args.simulate_tau == {"mtp": 3.6, "ddtree": 4.0}
+    assert side_by_side.simulation_env("ar", args.simulate_tau) == {}
+    assert side_by_side.simulation_env("mtp", args.simulate_tau) == {"SGLANG_SIMULATE_ACC_LEN": "3.6"}
+    assert side_by_side.simulation_env("ddtree B=32", args.simulate_tau) == {"SGLANG_SIMULATE_ACC_LEN": "4.0"}
+    text = side_by_side.markdown({"simulated_tau": args.simulate_tau}, [], [])
+    assert "**Simulated acceptance (cost only, outputs are not the target's)**: mean tau mtp 3.6, ddtree 4" in text
+    assert "Simulated" not in side_by_side.markdown({}, [], [])
+
+
+def test_random_prompts_are_seeded_token_ids_of_the_asked_length(tmp_path):
+    from tiny_models import TinyShape, make_qwen3_target
+
+    target = make_qwen3_target(str(tmp_path / "qwen3"), TinyShape(num_layers=1, vocab_size=64))
+    first = side_by_side.random_prompts(3, 1024, target)
+    assert [len(p["input_ids"]) for p in first] == [1024] * 3 and first == side_by_side.random_prompts(3, 1024, target)
+    assert all(0 <= t < 64 for p in first for t in p["input_ids"]) and first[0]["input_ids"] != first[1]["input_ids"]
 
 
 def test_a_configuration_the_launcher_refuses_stops_the_run_before_any_server_starts(tmp_path):
@@ -227,7 +250,7 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
     monkeypatch.setattr(side_by_side, "ar_top2_logprobs", lambda url, prompts, n: {})
     monkeypatch.setattr(side_by_side.urllib.request, "urlopen", lambda request, timeout: calls.append("flush"))
 
-    def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens):
+    def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens, ignore_eos=False):
         kind = "warm-up" if prompts[0]["dataset"] == "warmup" else "measure"
         calls.append((kind, temperature, concurrency, len(prompts)))
         return []
