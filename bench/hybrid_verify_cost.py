@@ -460,6 +460,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--deadline-s", type=float, default=1e9, help="start no configuration after this many seconds "
                         "minus 100 (a GPU call's time limit)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the Markdown and plot from OUT's JSON")
+    parser.add_argument("--write-models-only", action="store_true",
+                        help="write the config-only model folders to OUT/models and stop (for bench.side_by_side "
+                        "at the user's shape: --load-format dummy)")  # fmt: skip
     parser.add_argument("--tau-mtp", type=float, default=3.556, help="MTP's tau (default: published Qwen3.6-27B "
                         "TP2 MTP-S3 on GSM8K, Domino card)")
     parser.add_argument("--tau-dflash", type=float, default=3.1, help="DFLASH's tau (default: the user's)")
@@ -469,6 +472,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
+    if args.write_models_only:
+        write_model_folders(out / "models")
+        print("\n".join(str(out / "models" / name) for name in MODELS))
+        return
     if args.report_only:
         report = json.loads((out / "hybrid_verify_cost.json").read_text())
         reclassify_kernels(report, out)

@@ -413,6 +413,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--simulate-tau", type=simulated_taus, default={},
                         help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN, "
                         "cost only)")  # fmt: skip
+    parser.add_argument("--tokenizer-path", help="tokenizer of the prompts (default: the model's; for a config-only "
+                        "random-weight model folder)")  # fmt: skip
     parser.add_argument("--random-prompt-len", type=int, default=1024,
                         help="tokens per prompt of --datasets random")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
@@ -427,7 +429,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'")
     if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(args.budgets) < 1:
         parser.error("--concurrency and --budgets take positive integers")
-    if set(args.simulate_tau) - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
+    if {key.split()[0] for key in args.simulate_tau} - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
     if "random" in args.datasets and (args.num_prompts < 1 or args.random_prompt_len < 1):
         parser.error("--datasets random needs --num-prompts and --random-prompt-len of at least 1")
@@ -435,10 +437,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def simulated_taus(text: str) -> dict[str, float]:
-    """``dflash=1.42,ddtree=1.9`` -> ``{"dflash": 1.42, "ddtree": 1.9}`` (a mean acceptance length is >= 1)."""
+    """``dflash=1.42,ddtree=1.9,ddtree B=64=2.1`` -> ``{"dflash": 1.42, "ddtree": 1.9, "ddtree B=64": 2.1}``: per
+    algorithm, or per configuration name (which wins); a mean acceptance length is >= 1."""
     taus = {}
     for item in text.split(","):
-        algo, _, mean = item.partition("=")
+        algo, _, mean = item.rpartition("=")
         try:
             taus[algo] = float(mean)
         except ValueError:
@@ -449,12 +452,14 @@ def simulated_taus(text: str) -> dict[str, float]:
 
 
 def simulation_env(config: str, simulate_tau: dict[str, float]) -> dict[str, str]:
-    """SGLang's cost-only acceptance knob for a configuration whose algorithm ``--simulate-tau`` names."""
-    tau = simulate_tau.get(config.split()[0])
+    """SGLang's cost-only acceptance knob for a configuration that ``--simulate-tau`` names, or whose algorithm it
+    names."""
+    tau = simulate_tau.get(config, simulate_tau.get(config.split()[0]))
     return {"SGLANG_SIMULATE_ACC_LEN": str(tau)} if tau is not None else {}
 
 
-def random_prompts(count: int, length: int, model_path: str, seed: int = 0) -> list[dict]:
+def random_prompts(count: int, length: int, model_path: str, tokenizer_path: Optional[str] = None,
+                   seed: int = 0) -> list[dict]:  # fmt: skip
     """``count`` prompts of ``length`` seeded random token ids below the model's and the tokenizer's vocabulary
     (SGLang's ``random-ids`` idea): the cost of a prompt length, no text."""
     import torch
@@ -462,7 +467,8 @@ def random_prompts(count: int, length: int, model_path: str, seed: int = 0) -> l
 
     from sglang_ddtree.model_configs import load_config, text_config
 
-    vocab = min(len(AutoTokenizer.from_pretrained(model_path)), int(text_config(load_config(model_path))["vocab_size"]))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
+    vocab = min(len(tokenizer), int(text_config(load_config(model_path))["vocab_size"]))
     generator = torch.Generator().manual_seed(seed)
     return [{"id": f"random/{i}", "dataset": "random", "prompt": None,
              "input_ids": torch.randint(0, vocab, (length,), generator=generator).tolist()}
@@ -487,11 +493,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     for name in (d for d in args.datasets if d != "random"):
         chosen = prompt_sets.load([name], args.wheel_dir)
         rows += chosen[: args.num_prompts] if args.num_prompts else chosen
-    prompts = tokenized_prompts(rows, args.model_path)
+    tokenizer = args.tokenizer_path or args.model_path
+    prompts = tokenized_prompts(rows, tokenizer)
     if "random" in args.datasets:
-        prompts += random_prompts(args.num_prompts, args.random_prompt_len, args.model_path)
+        prompts += random_prompts(args.num_prompts, args.random_prompt_len, args.model_path, tokenizer)
     warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
-                                for i, p in enumerate(WARMUP_PROMPTS)], args.model_path)  # fmt: skip
+                                for i, p in enumerate(WARMUP_PROMPTS)], tokenizer)  # fmt: skip
     records, ar_top2, commands, step_profiles = resumed(out) if args.resume else ([], {}, {}, [])
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,

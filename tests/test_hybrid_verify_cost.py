@@ -106,3 +106,25 @@ def test_report_marks_refused_cells_and_writes_a_plot(tmp_path):
     assert "ddtree N=65, bs 8: --budget 64" in text
     cost.plot(report, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+USER_SCALE_SHARED_FLAGS = ["--load-format", "dummy", "--skip-tokenizer-init", "--mem-fraction-static", "0.9",
+                           "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--sampling-backend",
+                           "pytorch", "--grammar-backend", "none", "--attention-backend", "flashinfer"]  # fmt: skip
+
+
+def test_the_user_scale_side_by_side_starts_from_written_model_folders_the_launcher_accepts(tmp_path):
+    """Issue 18's comparison: ``--write-models-only`` writes the Qwen3.6-27B-shaped folders, and every
+    configuration of ``bench.side_by_side`` on them (AR, MTP, DFLASH, DDTree B=16/32/64) passes the launcher."""
+    from bench import side_by_side
+
+    cost.main(["--out", str(tmp_path), "--tokenizer-path", "unused", "--write-models-only"])
+    models = tmp_path / "models"
+    assert json.loads((models / "qwen36_27b" / "config.json").read_text()) == cost.MODELS["qwen36_27b"]
+    args, shared = side_by_side.parse_args([
+        "--model-path", str(models / "qwen36_27b"), "--draft-model-path", str(models / "zlab_drafter"),
+        "--algos", "ar,mtp,dflash,ddtree", "--budgets", "16,32,64", "--simulate-tau", "mtp=3.56,dflash=3.1,ddtree=4.15",
+        "--out", str(tmp_path / "sbs"), "--", *USER_SCALE_SHARED_FLAGS])  # fmt: skip
+    configs = side_by_side.configurations(args)
+    assert list(configs) == ["ar", "mtp", "dflash", "ddtree B=16", "ddtree B=32", "ddtree B=64"]
+    assert side_by_side.refused_configuration(configs, shared) is None

@@ -133,13 +133,16 @@ def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
 
 def test_simulated_configurations_get_sglangs_knob_and_the_report_says_so():
     args, _ = side_by_side.parse_args(["--model-path", "M", "--draft-model-path", "D", "--out", "o", "--algos",
-                                       "ar,mtp,ddtree", "--budgets", "16,32", "--simulate-tau", "mtp=3.6,ddtree=4"])
-    assert args.simulate_tau == {"mtp": 3.6, "ddtree": 4.0}
+                                       "ar,mtp,ddtree", "--budgets", "16,32",
+                                       "--simulate-tau", "mtp=3.6,ddtree=4,ddtree B=16=3.5"])  # fmt: skip
+    assert args.simulate_tau == {"mtp": 3.6, "ddtree": 4.0, "ddtree B=16": 3.5}
     assert side_by_side.simulation_env("ar", args.simulate_tau) == {}
     assert side_by_side.simulation_env("mtp", args.simulate_tau) == {"SGLANG_SIMULATE_ACC_LEN": "3.6"}
     assert side_by_side.simulation_env("ddtree B=32", args.simulate_tau) == {"SGLANG_SIMULATE_ACC_LEN": "4.0"}
+    assert side_by_side.simulation_env("ddtree B=16", args.simulate_tau) == {"SGLANG_SIMULATE_ACC_LEN": "3.5"}
     text = side_by_side.markdown({"simulated_tau": args.simulate_tau}, [], [])
-    assert "**Simulated acceptance (cost only, outputs are not the target's)**: mean tau mtp 3.6, ddtree 4" in text
+    assert ("**Simulated acceptance (cost only, outputs are not the target's)**: mean tau mtp 3.6, ddtree 4, "
+            "ddtree B=16 3.5") in text
     assert "Simulated" not in side_by_side.markdown({}, [], [])
 
 
