@@ -21,7 +21,7 @@ import torch
 from support import CPU_ENGINE_ARGS, run_engine_generate
 from tiny_models import BOOLEAN_SCHEMA, JSON_WORDS, TinyShape, make_dflash_drafter, make_qwen3_target, write_tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("edge_cases")]  # one worker builds the module's servers
 
 VOCAB, LAYERS, BLOCK, BUDGET, CONTEXT = 64, 4, 4, 8, 48
 PROMPTS = [[(7 * i + 3 * j) % (VOCAB - 4) + 4 for j in range(length)] for i, length in enumerate([1, 3, 6, 9, 14, 20, 29, 37])]

@@ -14,7 +14,7 @@ from sglang_ddtree.serving import free_port, launched_server
 from sglang_ddtree.server_hygiene import describe_validation_errors, json_error_position
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server_hygiene")]  # one worker builds the module's servers
 
 API_KEY = "sk-hygiene-test"
 CPU_SERVER_FLAGS = [
