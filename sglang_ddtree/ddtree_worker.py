@@ -8,7 +8,9 @@ Per decode step, for a batch of requests with independent trees:
    vocabulary shard merged across ranks, per-depth top-K, best-first expansion under the node budget) runs
    in the same CUDA graph when the batch replays one.
 2. Tree: the verify tensors and the FULL tree mask of the expanded trees (they depend on the sequence
-   lengths, so they stay outside the graph).
+   lengths, so they stay outside the graph). With FlashInfer and CUDA graphs (dense targets) the step reads
+   the sequence lengths back once, before the draft launch, so that the verify graph's FlashInfer plan needs
+   no reads of its own (``flashinfer_tree_plan``): one blocking read per step instead of four after the draft.
 3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
    tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
    accepted nodes' KV to the front and commits the recurrent state of hybrid models.
@@ -84,9 +86,11 @@ class DDTreeWorker(DFlashWorkerV2):
         self._check_tp_trees = tp_tree_check_requested()
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
+        # Dense targets only so far: a hybrid target's attention layers sit behind SGLang's hybrid backend, whose
+        # replays with this plan have not run on the GPU yet.
         self._plans_from_host_lengths = (
             sync_free_plan_enabled()
-            and server_args.attention_backend == "flashinfer"
+            and type(getattr(self.target_worker.model_runner, "attn_backend", None)).__name__ == "FlashInferAttnBackend"
             and not server_args.disable_cuda_graph
         )
         self._simulating = simulated_acceptance_mean() > 0
