@@ -91,15 +91,34 @@ def hf_greedy(model_path: str) -> list[list[int]]:
 # pytest-xdist deals the tests out to its two workers in file order: the DDTREE runs, the longest, go first.
 
 
-@pytest.mark.parametrize("budget, gdn_verify", [(32, "snapshots"), (8, "snapshots"), (8, "wy")])
-def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, budget, gdn_verify):
+@pytest.fixture(scope="module")
+def ddtree_reports(models):
+    """DDTREE on the multimodal arch, run once per (budget, GDN verify) and module worker, alone and concurrent."""
+    reports = {}
+
+    def report(budget: int, gdn_verify: str) -> dict:
+        if (budget, gdn_verify) not in reports:
+            reports[budget, gdn_verify] = generate(
+                {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
+                 "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": budget + 1},
+                modes=("sequential", "concurrent"), env={WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else None,
+            )  # fmt: skip
+        return reports[budget, gdn_verify]
+
+    return report
+
+
+# The budget-32 run also serves the text-only arch's comparison below: one worker runs both.
+SHARES_THE_B32_RUN = pytest.mark.xdist_group("hybrid_ddtree_b32")
+
+
+@pytest.mark.parametrize(
+    "budget, gdn_verify", [pytest.param(32, "snapshots", marks=SHARES_THE_B32_RUN), (8, "snapshots"), (8, "wy")]
+)
+def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, ddtree_reports, budget, gdn_verify):
     """``gdn_verify``: SGLang's per-node snapshot tree verify, or the snapshot-free one from the root state
     (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py``), whose use the server reports."""
-    report = generate(
-        {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
-         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": budget + 1},
-        modes=("sequential", "concurrent"), env={WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else None,
-    )  # fmt: skip
+    report = ddtree_reports(budget, gdn_verify)
     state = report["scheduler_states"][0]
     assert state["speculative_algorithm"] == "DDTREE"
     assert state["speculative_num_draft_tokens"] == budget + 1
@@ -116,15 +135,13 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], DRAFT_BLOCK_SIZE) > 0
 
 
-def test_text_only_arch_drafts_from_the_same_target_layers_as_the_multimodal_arch(models, ar_outputs):
+@SHARES_THE_B32_RUN
+def test_text_only_arch_drafts_from_the_same_target_layers_as_the_multimodal_arch(models, ar_outputs, ddtree_reports):
     """SGLang's text-only wrapper cannot capture DFlash features; the plugin's hook gives it the multimodal
     wrapper's capture. Same language model, so the same drafter features, trees and accepted drafts."""
-
-    def ddtree(arch: str) -> dict:
-        return generate({**exact_engine_args(models[arch]), "speculative_algorithm": "DDTREE",
-                         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 33})  # fmt: skip
-
-    text, multimodal = ddtree("text")["sequential"], ddtree("multimodal")["sequential"]
+    text = generate({**exact_engine_args(models["text"]), "speculative_algorithm": "DDTREE",
+                     "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 33})["sequential"]
+    multimodal = ddtree_reports(32, "snapshots")["sequential"]  # fmt: skip
     assert text["output_ids"] == multimodal["output_ids"] == ar_outputs
     histograms = [[m["spec_accept_histogram"] for m in run["meta_info"]] for run in (text, multimodal)]
     assert histograms[0] == histograms[1] and sum(m["spec_num_correct_drafts"] for m in text["meta_info"]) > 0
