@@ -24,7 +24,7 @@ from support import CPU_ENGINE_ARGS, run_engine_generate
 from tiny_models import EOS_TOKEN_ID, MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
 
 # One worker runs this module, so the drafter is trained once.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train_drafter")]  # one worker trains the module's drafter
 
 TARGET_LAYERS = 6
 VOCAB = 64
