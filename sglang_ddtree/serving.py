@@ -1,7 +1,9 @@
 """Run ``python -m sglang_ddtree.launch`` as a child process: for benchmarks, tests and scripts.
 
 :func:`launched_server` starts the launcher in its own process group, waits until ``/health`` answers 200 and
-stops the whole group (scheduler and detokenizer children included) on exit.
+stops the whole group (scheduler and detokenizer children included) on exit, also when the caller is stopped by
+SIGTERM (``timeout``'s signal): left behind, a server of a benchmark cut by its deadline kept its GPU memory
+through the next ones (tests/gpu/RESULTS.md run 40).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Iterator, Optional
 
 
@@ -64,7 +68,7 @@ def launched_server(
     paths relative to the caller's folder are passed on as absolute paths.
     """
     port = free_port() if port is None else port
-    with open(log_path or default_log_path(port), "w+") as log:
+    with sigterm_stops_servers(), open(log_path or default_log_path(port), "w+") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_ddtree.launch", *absolute_local_paths(args), "--port", str(port)],
             stdout=log,
@@ -79,6 +83,50 @@ def launched_server(
             yield base_url
         finally:
             _stop(proc)
+
+
+@contextmanager
+def launched_servers(
+    servers: dict[str, tuple[list[str], Optional[dict[str, str]], Optional[str]]], ready_timeout: float = 300
+) -> Iterator[dict[str, str]]:
+    """Start several servers at once, ``{name: (launcher args, env, log path)}``, and yield ``{name: url}`` once
+    all are healthy; all are stopped on exit. On a small model a server's start-up (imports, graph capture: about
+    a minute on the H200) is most of a benchmark's time, so a benchmark that measures its servers one at a time
+    can still start them together. A server that fails to start stops the others and raises
+    :class:`ServerStartError` naming it."""
+
+    def start(stack: ExitStack, name: str) -> str:
+        args, env, log_path = servers[name]
+        try:
+            return stack.enter_context(launched_server(args, env=env, log_path=log_path, ready_timeout=ready_timeout))
+        except ServerStartError as e:
+            raise ServerStartError(f"{name}: {e}") from None
+
+    with sigterm_stops_servers(), ExitStack() as stack, ThreadPoolExecutor(max(1, len(servers))) as pool:
+        futures = {name: pool.submit(start, stack, name) for name in servers}
+        yield {name: future.result() for name, future in futures.items()}
+
+
+def _raise_system_exit(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def sigterm_stops_servers() -> AbstractContextManager[None]:
+    """While it is entered, SIGTERM unwinds the main thread (so the ``finally`` of each :func:`launched_server`
+    stops its server's process group) instead of killing the process outright. A no-op outside the main thread
+    or where SIGTERM already has a handler; callers that start servers from worker threads enter it themselves."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return nullcontext()
+    return _signal_handler(signal.SIGTERM, _raise_system_exit)
+
+
+@contextmanager
+def _signal_handler(signum: int, handler) -> Iterator[None]:
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _wait_healthy(proc: subprocess.Popen, base_url: str, log, timeout: float) -> None:

@@ -266,3 +266,41 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
     cells = calls[2:]
     assert cells == [step for t, c in [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 8)]
                      for step in [("warm-up", t, c, max(c, 2)), "flush", ("measure", t, c, 1)]]  # fmt: skip
+
+
+def test_servers_started_together_are_all_up_before_the_first_measurement(tmp_path, monkeypatch):
+    """``--start-together``: one start-up wait for all configurations (on a small model start-up is most of the
+    run), then each is measured alone, in the usual order, on its own server."""
+    import contextlib
+
+    from bench import prompts as prompt_sets
+
+    events = []
+    monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
+    monkeypatch.setattr(prompt_sets, "load", lambda names, wheel_dir: [{"id": "p", "dataset": names[0], "prompt": "x"}])
+    monkeypatch.setattr(side_by_side, "tokenized_prompts",
+                        lambda rows, path: [{**r, "input_ids": [1, 2]} for r in rows])  # fmt: skip
+
+    @contextlib.contextmanager
+    def launched_servers(servers, ready_timeout):
+        events.append(("start", sorted(servers)))
+        yield {name: f"http://{name.replace(' ', '_')}" for name in servers}
+        events.append("stop")
+
+    monkeypatch.setattr(side_by_side, "launched_servers", launched_servers)
+    monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: pytest.fail("no server started alone"))
+    monkeypatch.setattr(side_by_side, "ar_top2_logprobs", lambda url, prompts, n: {})
+    monkeypatch.setattr(side_by_side.urllib.request, "urlopen", lambda request, timeout: None)
+
+    def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens, ignore_eos=False):
+        if prompts[0]["dataset"] != "warmup":
+            events.append((config, url))
+        return []
+
+    monkeypatch.setattr(side_by_side, "run_cell", fake_run_cell)
+    monkeypatch.setattr(side_by_side, "write_report", lambda *a: (tmp_path / "side_by_side.md").write_text(""))
+    side_by_side.main(["--model-path", "m", "--draft-model-path", "d", "--algos", "ar,dflash,ddtree", "--budgets",
+                       "16", "--concurrency", "1", "--temperatures", "0", "--datasets", "mt_bench", "--out",
+                       str(tmp_path), "--start-together"])  # fmt: skip
+    assert events == [("start", ["ar", "ddtree B=16", "dflash"]), ("ar", "http://ar"), ("dflash", "http://dflash"),
+                      ("ddtree B=16", "http://ddtree_B=16"), "stop"]  # fmt: skip

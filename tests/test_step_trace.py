@@ -11,7 +11,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench import step_profile, step_trace  # noqa: E402
+from bench import side_by_side, step_profile, step_trace  # noqa: E402
 
 SCHEDULER = "sglang/srt/managers/scheduler.py({line}): {name}"
 WORKER = "sglang_ddtree/ddtree_worker.py({line}): {name}"
@@ -136,6 +136,8 @@ def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
         (["--algos", "ar", "--simulate-tau", "ar=2"], "--simulate-tau names speculative algorithms of --algos"),
         (["--algos", "ar", "--simulate-tau", "ddtree"], "'ddtree' is not ALGO=MEAN"),
         (["--algos", "ar", "--simulate-tau", "ddtree=0.5"], "a mean acceptance length is at least 1"),
+        (["--algos", "ar", "--ab-env", "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"], "--ab-env takes NAME=VALUE"),
+        (["--algos", "ar", "--ab-env", "=0"], "--ab-env takes NAME=VALUE"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
@@ -155,6 +157,21 @@ def test_each_server_gets_the_phase_timer_trace_ranges_and_simulated_acceptance_
         "SGLANG_DDTREE_PROFILE_STEPS": "1", "SGLANG_DDTREE_TRACE_RANGES": "1", "SGLANG_SIMULATE_ACC_LEN": "1.9"}
     syncs = step_profile.parse_args(["--model-path", "m", "--out", "o", "--algos", "ar", "--sync-debug"])[0]
     assert step_profile.server_env("ar", syncs) == {"SGLANG_DDTREE_TRACE_RANGES": "1", "SGLANG_DDTREE_SYNC_DEBUG": "1"}
+
+
+def test_an_ab_variable_measures_each_ddtree_configuration_again_with_it_set():
+    """``--ab-env SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0``: a switch's before and after in one run, each
+    variant right after its configuration; AR and DFLASH are measured once."""
+    args = step_profile.parse_args(["--model-path", "m", "--draft-model-path", "d", "--out", "o", "--budgets", "16,32",
+                                    "--ab-env", "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0"])[0]  # fmt: skip
+    variants = step_profile.with_ab_variants(side_by_side.configurations(args), args.ab_env)
+    assert list(variants) == ["ar", "dflash", "ddtree B=16", "ddtree B=16 SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0",
+                              "ddtree B=32", "ddtree B=32 SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0"]  # fmt: skip
+    launch_args, extra = variants["ddtree B=32 SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0"]
+    assert launch_args == variants["ddtree B=32"][0] and variants["ddtree B=32"][1] == {}
+    assert step_profile.server_env("ddtree B=32 SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0", args, extra) == {
+        "SGLANG_DDTREE_PROFILE_STEPS": "1", "SGLANG_DDTREE_TRACE_RANGES": "1",
+        "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN": "0"}  # fmt: skip
 
 
 def test_a_simulated_cell_says_so_in_the_report():
