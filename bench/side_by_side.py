@@ -8,9 +8,7 @@
 
 Each configuration (one per algorithm; DDTree once per budget) is first checked by the launcher's
 ``--dry-run`` (a configuration it refuses stops the run before anything is measured), then launched in turn
-through ``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``
-(``--start-together`` starts all the servers at once and measures them one at a time, the others idle: give
-them a ``--mem-fraction-static`` that fits them side by side, and ``--sleep-on-idle``). It is
+through ``python -m sglang_ddtree.launch`` with the shared flags, or attached with ``--url CONFIG=URL``. It is
 warmed up on prompts that are not benchmark prompts, and then every (temperature, concurrency) cell, after a
 warm-up of its own batch shape and a flush of the prefix cache, sends the same prompts through streaming
 ``/generate``. MT-Bench prompts
@@ -47,7 +45,6 @@ import time
 import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -55,7 +52,7 @@ from typing import Optional, Sequence
 from bench.provenance import checkout_commit
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
-from sglang_ddtree.serving import launched_server, launched_servers
+from sglang_ddtree.serving import launched_server
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
 WARMUP_PROMPTS = [
@@ -387,7 +384,7 @@ def refused_configuration(configs: dict[str, list[str]], shared: list[str]) -> O
         return subprocess.run([sys.executable, "-m", "sglang_ddtree.launch", *launch_args, *shared, "--dry-run"],
                               capture_output=True, text=True)  # fmt: skip
 
-    with ThreadPoolExecutor(max(1, len(configs))) as pool:  # each dry run imports SGLang: ~10 s on the H200 machine
+    with ThreadPoolExecutor(max(1, len(configs))) as pool:  # each dry run imports SGLang: seconds apiece
         results = dict(zip(configs, pool.map(dry_run, configs.values())))
     for config, result in results.items():
         if result.returncode != 0:
@@ -426,9 +423,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="tokens per prompt of --datasets random")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations already measured in --out and run only the others")
-    parser.add_argument("--start-together", action="store_true",
-                        help="start every configuration's server at once (measured one at a time): start-up is "
-                        "most of a small model's run; the shared flags must let them fit side by side")  # fmt: skip
     args = parser.parse_args(own)
     unknown = sorted(set(args.algos) - set(ALGORITHMS))
     if unknown:
@@ -516,30 +510,14 @@ def main(argv: Optional[list[str]] = None) -> None:
             "simulated_tau": args.simulate_tau}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
     todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
-
-    def env_of(config: str) -> Optional[dict[str, str]]:
-        profile = args.profile_steps and config.startswith("ddtree")
-        return {**({PROFILE_STEPS_ENV: "1"} if profile else {}), **simulation_env(config, args.simulate_tau)} or None
-
-    def log_of(config: str) -> str:
-        return str(out / f"server_{config.replace(' ', '_')}.log")
-
-    launched = {config: ([*launch_args, *shared], env_of(config), log_of(config))
-                for config, launch_args in todo.items() if config not in attached}  # fmt: skip
-    with launched_servers(launched, ready_timeout=900) if args.start_together else nullcontext({}) as started, \
-            tqdm(total=len(todo) * len(cells) * len(prompts), unit="req") as progress:  # fmt: skip
-
-        def server(config: str) -> AbstractContextManager[str]:
-            if config in attached:
-                return _attached(attached[config])
-            if config in started:
-                return nullcontext(started[config])
-            return launched_server(launched[config][0], env=env_of(config), log_path=log_of(config), ready_timeout=900)
-
+    with tqdm(total=len(todo) * len(cells) * len(prompts), unit="req") as progress:
         for config, launch_args in todo.items():
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
+            log = str(out / f"server_{config.replace(' ', '_')}.log")
             profile = args.profile_steps and config.startswith("ddtree")
-            with server(config) as url:
+            env = {**({PROFILE_STEPS_ENV: "1"} if profile else {}), **simulation_env(config, args.simulate_tau)}
+            with launched_server([*launch_args, *shared], log_path=log, env=env or None, ready_timeout=900) \
+                    if config not in attached else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
                 flush_prefix_cache(url)
                 if config == "ar" and 0.0 in args.temperatures:

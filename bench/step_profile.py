@@ -3,7 +3,7 @@
     python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
         [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
         [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] [--sync-debug] [--trace-steps 0]
-        [--ab-env NAME=VALUE] [--start-together] --out DIR [-- shared SGLang server flags ...]
+        [--ab-env NAME=VALUE] --out DIR [-- shared SGLang server flags ...]
 
 Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
 a warm-up at that batch size:
@@ -28,9 +28,7 @@ with the GPU (torch's sync debug mode).
 
 ``--ab-env NAME=VALUE`` measures every DDTree configuration twice, as it is and as ``ddtree B=32 NAME=VALUE``
 with that variable in its server's environment: a switch's before/after in one run (e.g.
-``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0``). ``--start-together`` starts all the servers at once and profiles
-them one at a time (as ``bench.side_by_side --start-together``; pass ``--sleep-on-idle`` and a memory fraction
-that fits them all).
+``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0``).
 
 Writes ``step_profile.json`` (every number, the traces' paths, the commands) and ``step_profile.md`` after
 every configuration; the traces stay under ``DIR/traces``.
@@ -45,7 +43,6 @@ import statistics
 import sys
 import time
 import urllib.request
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -64,7 +61,7 @@ from bench.side_by_side import (
 )
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
-from sglang_ddtree.serving import launched_server, launched_servers
+from sglang_ddtree.serving import launched_server
 
 
 def step_wall_ms(record: RequestRecord) -> Optional[float]:
@@ -230,8 +227,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN)")
     parser.add_argument("--ab-env", action="append", default=[], metavar="NAME=VALUE",
                         help="also measure every DDTree configuration with NAME=VALUE in its server's environment")
-    parser.add_argument("--start-together", action="store_true",
-                        help="start every configuration's server at once (profiled one at a time)")
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--wheel-dir", default=str(Path.home() / ".cache" / "sglang_ddtree" / "wheels"))
     parser.add_argument("--out", required=True)
@@ -295,27 +290,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(),
                        "model_path": args.model_path, "max_new_tokens": args.max_new_tokens, "args": vars(args),
                        "commands": {}}, "cells": []}  # fmt: skip
-    variants = with_ab_variants(configs, args.ab_env)
-    launched = {config: ([*launch_args, *shared], server_env(config, args, extra) or None,
-                         str(out / f"server_{config.replace(' ', '_')}.log"))
-                for config, (launch_args, extra) in variants.items()}  # fmt: skip
-    with launched_servers(launched, ready_timeout=900) if args.start_together else nullcontext({}) as started:
-
-        def server(config: str) -> AbstractContextManager[str]:
-            if config in started:
-                return nullcontext(started[config])
-            launch_args, env, log = launched[config]
-            return launched_server(launch_args, log_path=log, env=env, ready_timeout=900)
-
-        for config, (launch_args, extra) in variants.items():
-            report["meta"]["commands"][config] = [*(f"{k}={v}" for k, v in extra.items()), "python", "-m",
-                                                  "sglang_ddtree.launch", *launch_args, *shared]  # fmt: skip
-            with server(config) as url:
-                run_cell(url, config, warm, 0.0, 1, 32, args.ignore_eos)
-                for batch in args.batch_sizes:
-                    report["cells"].append(profile_cell(url, config, prompts, batch, args, out, config.startswith("ddtree")))
-            (out / "step_profile.json").write_text(json.dumps(report, indent=1))
-            (out / "step_profile.md").write_text(markdown(report))
+    for config, (launch_args, extra) in with_ab_variants(configs, args.ab_env).items():
+        report["meta"]["commands"][config] = [*(f"{k}={v}" for k, v in extra.items()), "python", "-m",
+                                              "sglang_ddtree.launch", *launch_args, *shared]  # fmt: skip
+        phases = config.startswith("ddtree")
+        log = str(out / f"server_{config.replace(' ', '_')}.log")
+        with launched_server([*launch_args, *shared], log_path=log, env=server_env(config, args, extra) or None,
+                             ready_timeout=900) as url:  # fmt: skip
+            run_cell(url, config, warm, 0.0, 1, 32, args.ignore_eos)
+            for batch in args.batch_sizes:
+                report["cells"].append(profile_cell(url, config, prompts, batch, args, out, phases))
+        (out / "step_profile.json").write_text(json.dumps(report, indent=1))
+        (out / "step_profile.md").write_text(markdown(report))
     print((out / "step_profile.md").read_text())
 
 

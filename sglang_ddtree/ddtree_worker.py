@@ -50,7 +50,7 @@ from sglang_ddtree.ddtree_simulation import CURRENT_TREE, check_simulation_setti
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_trace_ranges import traced_range
-from sglang_ddtree.flashinfer_tree_plan import sync_free_plan_enabled
+from sglang_ddtree.flashinfer_tree_plan import verify_planned_from_host_lengths
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion
 
@@ -86,18 +86,21 @@ class DDTreeWorker(DFlashWorkerV2):
         self._check_tp_trees = tp_tree_check_requested()
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
-        # Dense targets only so far: a hybrid target's attention layers sit behind SGLang's hybrid backend, whose
-        # replays with this plan have not run on the GPU yet.
-        self._plans_from_host_lengths = (
-            sync_free_plan_enabled()
-            and type(getattr(self.target_worker.model_runner, "attn_backend", None)).__name__ == "FlashInferAttnBackend"
-            and not server_args.disable_cuda_graph
-        )
+        self._cuda_graphs = not server_args.disable_cuda_graph
+        self._plans_from_host_lengths = False  # decided in init_attention_backends, once the target's exist
         self._simulating = simulated_acceptance_mean() > 0
         check_simulation_settings(simulated_acceptance_mean())
         if self._simulating:
             logger.warning("DDTREE simulates acceptance (SGLANG_SIMULATE_ACC_LEN=%s, along each tree's best branch): "
                            "cost only, the output is not the target's", simulated_acceptance_mean())  # fmt: skip
+
+    def init_attention_backends(self) -> None:
+        """SGLang builds the target worker's attention backends, then the draft worker's (this call): only now can
+        the step know whether its verify graphs are planned from host lengths (``flashinfer_tree_plan``)."""
+        super().init_attention_backends()
+        self._plans_from_host_lengths = verify_planned_from_host_lengths(
+            getattr(self.target_worker.model_runner, "attn_backend", None), self._cuda_graphs
+        )
 
     def _maybe_build_draft_sampler(self) -> DDTreeDraftHead:
         """Called before the draft graphs are captured: DFlash folds the returned callable into their tail

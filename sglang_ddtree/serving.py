@@ -17,8 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Iterator, Optional
 
 
@@ -85,28 +84,6 @@ def launched_server(
             _stop(proc)
 
 
-@contextmanager
-def launched_servers(
-    servers: dict[str, tuple[list[str], Optional[dict[str, str]], Optional[str]]], ready_timeout: float = 300
-) -> Iterator[dict[str, str]]:
-    """Start several servers at once, ``{name: (launcher args, env, log path)}``, and yield ``{name: url}`` once
-    all are healthy; all are stopped on exit. On a small model a server's start-up (imports, graph capture: about
-    a minute on the H200) is most of a benchmark's time, so a benchmark that measures its servers one at a time
-    can still start them together. A server that fails to start stops the others and raises
-    :class:`ServerStartError` naming it."""
-
-    def start(stack: ExitStack, name: str) -> str:
-        args, env, log_path = servers[name]
-        try:
-            return stack.enter_context(launched_server(args, env=env, log_path=log_path, ready_timeout=ready_timeout))
-        except ServerStartError as e:
-            raise ServerStartError(f"{name}: {e}") from None
-
-    with sigterm_stops_servers(), ExitStack() as stack, ThreadPoolExecutor(max(1, len(servers))) as pool:
-        futures = {name: pool.submit(start, stack, name) for name in servers}
-        yield {name: future.result() for name, future in futures.items()}
-
-
 def _raise_system_exit(signum: int, frame) -> None:
     raise SystemExit(128 + signum)
 
@@ -114,7 +91,7 @@ def _raise_system_exit(signum: int, frame) -> None:
 def sigterm_stops_servers() -> AbstractContextManager[None]:
     """While it is entered, SIGTERM unwinds the main thread (so the ``finally`` of each :func:`launched_server`
     stops its server's process group) instead of killing the process outright. A no-op outside the main thread
-    or where SIGTERM already has a handler; callers that start servers from worker threads enter it themselves."""
+    or where SIGTERM already has a handler."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return nullcontext()
     return _signal_handler(signal.SIGTERM, _raise_system_exit)

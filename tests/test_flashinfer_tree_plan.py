@@ -108,3 +108,43 @@ def test_everything_else_keeps_sglangs_plan(monkeypatch, case):
         spec_info = SimpleNamespace(kv_lens_cpu=torch.tensor(SEQ_LENS))
     updater, _, plans = replay(monkeypatch, spec_info, planned=case != "capture (no plan yet)")
     assert updater.upstream_calls == 1 and plans == []
+
+
+def test_only_a_dense_flashinfer_target_with_graphs_has_its_verify_planned_from_host_lengths(monkeypatch):
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+    dense, hybrid = object.__new__(FlashInferAttnBackend), object.__new__(HybridLinearAttnBackend)
+    assert flashinfer_tree_plan.verify_planned_from_host_lengths(dense, cuda_graphs=True)
+    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(dense, cuda_graphs=False)
+    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(hybrid, cuda_graphs=True)
+    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(None, cuda_graphs=True)
+    monkeypatch.setenv(flashinfer_tree_plan.SYNC_FREE_PLAN_ENV, "0")
+    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(dense, cuda_graphs=True)
+
+
+def test_the_worker_decides_once_the_targets_attention_backend_exists(monkeypatch):
+    """SGLang constructs the draft worker before any attention backend (``Scheduler.init_model_worker``), so a
+    decision taken in the worker's constructor saw none and switched the plan off on every server (tests/gpu/
+    RESULTS.md run 41: 0 of 1,292 verify plans took it); the worker decides when its own backends are built,
+    right after the target's."""
+    import inspect
+
+    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+
+    from sglang_ddtree.ddtree_worker import DDTreeWorker
+
+    order = inspect.getsource(Scheduler.init_model_worker)
+    assert order.index("self.maybe_init_draft_worker()") < order.index("self.init_all_attention_backends()")
+    backends = inspect.getsource(Scheduler.init_all_attention_backends)
+    assert backends.index("self.tp_worker.init_attention_backends()") < backends.index(
+        "self.draft_worker.init_attention_backends()")
+
+    monkeypatch.setattr(DFlashWorkerV2, "init_attention_backends", lambda self: None)
+    worker = object.__new__(DDTreeWorker)
+    worker._cuda_graphs = True
+    worker._target_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=object.__new__(FlashInferAttnBackend)))
+    worker.init_attention_backends()
+    assert worker._plans_from_host_lengths

@@ -1,7 +1,7 @@
 """``sglang_ddtree.serving``: the servers a benchmark or test starts never outlive it.
 
-The launcher is replaced by a sleeping child (``launch_stand_in``): what is specified here is the harness around
-it — process groups, SIGTERM, servers started together."""
+The launcher is replaced by a sleeping child: what is specified here is the harness around it (process group,
+SIGTERM)."""
 
 import os
 import signal
@@ -13,45 +13,6 @@ import time
 import pytest
 
 from sglang_ddtree import serving
-
-
-def launch_stand_in(monkeypatch, unhealthy: set[str] = frozenset()) -> list[subprocess.Popen]:
-    """``launched_server`` starts ``sleep`` instead of the launcher and finds it healthy at once (unless its
-    ``--model-path`` is in ``unhealthy``); returns the started children."""
-    started, real_popen = [], subprocess.Popen
-
-    def popen(command, **kwargs):
-        proc = real_popen([sys.executable, "-c", "import time; time.sleep(300)"], **kwargs)
-        proc.model_path = command[command.index("--model-path") + 1]
-        started.append(proc)
-        return proc
-
-    def wait_healthy(proc, base_url, log, timeout):
-        if proc.model_path in unhealthy:
-            raise serving.ServerStartError(f"server exited with 1:\n{proc.model_path} could not load")
-
-    monkeypatch.setattr(serving.subprocess, "Popen", popen)
-    monkeypatch.setattr(serving, "_wait_healthy", wait_healthy)
-    return started
-
-
-def test_servers_started_together_are_all_healthy_before_any_is_used_and_all_stop_after(monkeypatch, tmp_path):
-    started = launch_stand_in(monkeypatch)
-    specs = {name: (["--model-path", name], None, str(tmp_path / f"{name}.log")) for name in ("ar", "mtp", "ddtree")}
-    with serving.launched_servers(specs) as urls:
-        assert sorted(urls) == ["ar", "ddtree", "mtp"]
-        assert len(set(urls.values())) == 3 and all(url.startswith("http://127.0.0.1:") for url in urls.values())
-        assert all(proc.poll() is None for proc in started)
-    assert len(started) == 3 and all(proc.poll() is not None for proc in started)
-
-
-def test_a_server_that_fails_to_start_together_is_named_and_the_others_are_stopped(monkeypatch, tmp_path):
-    started = launch_stand_in(monkeypatch, unhealthy={"dflash"})
-    specs = {name: (["--model-path", name], None, str(tmp_path / f"{name}.log")) for name in ("ar", "dflash")}
-    with pytest.raises(serving.ServerStartError, match=r"^dflash: server exited with 1"):
-        with serving.launched_servers(specs):
-            pytest.fail("no server is handed out when one of them failed")
-    assert len(started) == 2 and all(proc.poll() is not None for proc in started)
 
 
 def test_a_caller_stopped_by_sigterm_stops_its_server_first(tmp_path):
