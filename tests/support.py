@@ -24,6 +24,7 @@ CPU_ENGINE_ARGS = {
     "max_total_tokens": 4096,
     "disable_cuda_graph": True,
     "log_level": "error",
+    "sleep_on_idle": True,  # an idle scheduler otherwise spins a whole core, of CI's two
 }
 
 

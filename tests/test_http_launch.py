@@ -19,6 +19,7 @@ CPU_SERVER_FLAGS = [
     "--mem-fraction-static", "0.3",
     "--max-total-tokens", "4096",
     "--disable-cuda-graph",
+    "--sleep-on-idle",  # an idle scheduler otherwise spins a whole core, of CI's two
 ]  # fmt: skip
 
 

@@ -23,6 +23,7 @@ CPU_SERVER_FLAGS = [
     "--mem-fraction-static", "0.3",
     "--max-total-tokens", "4096",
     "--disable-cuda-graph",
+    "--sleep-on-idle",  # an idle scheduler otherwise spins a whole core, of CI's two
     "--dtype", "float32",
 ]  # fmt: skip
 CHAT = {"model": "default", "messages": [{"role": "user", "content": "t9 t10"}], "max_tokens": 2, "temperature": 0}
