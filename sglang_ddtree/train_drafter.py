@@ -12,7 +12,10 @@
 2. Training (DFlash recipe, anchors.md §2): frozen target; its hidden states after ``--num-features`` layers
    (upstream's layer choice) are the drafter's context; random anchors in the answers; blocks of
    ``--block-size`` = anchor + mask tokens; block-wise cross-entropy with weights ``exp(-(k-1)/gamma)``
-   whose labels are the target's own top-1 next tokens (the same pass: exact also inside sampled answers);
+   whose labels are the target's own top-1 next tokens (the same pass: exact also inside sampled answers),
+   mixed with ``--soft-label-weight`` of a KL divergence to the target's whole next-token distribution (at
+   ``--soft-label-temperature``, over its ``--soft-label-top-k`` tokens when that is set): a tree verifies the
+   drafter's whole top-K at every depth, which hard top-1 labels do not calibrate;
    AdamW, warm-up then cosine decay (fitted to ``--time-budget-minutes`` when that ends training first),
    gradient clipping; the target's embedding and LM head are shared. ``--init-from`` continues a drafter.
 3. Output: ``DIR`` in the upstream ``DFlashDraftModel`` format, with the mask token resolved for the
@@ -253,14 +256,41 @@ def make_batch(sequences: list[DistilledAnswer], anchors: int, block: int, pad_i
     return ids.to(device), anchor_pos.to(device)
 
 
-def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: torch.Tensor, mask_token_id: int,
-               gamma: float) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Weighted block cross-entropy and per-position hits ``[B-1]`` (the drafter's top-1 is the target's).
+@dataclass(frozen=True)
+class SoftLabels:
+    """How much of the block loss is distillation against the target's distribution, and its form."""
 
-    The label of each position is the target's own top-1 next token after the answer's prefix: for a greedy
-    answer that is the answer's next token; for a sampled answer the sampled token is one draw from the
+    weight: float = 0.0  # 0: the target's top-1 labels only; 1: its distribution only
+    temperature: float = 1.0
+    top_k: int = 0  # 0: the whole vocabulary; else the target's top-k tokens, renormalised
+
+
+def soft_label_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, soft: SoftLabels) -> torch.Tensor:
+    """Per-position KL(target || drafter) at ``soft.temperature``, times its square (Hinton et al.: the
+    gradient keeps the scale of the hard loss's as the temperature changes). With ``soft.top_k`` the target's
+    distribution is renormalised over its top-k tokens and compared with the drafter's probabilities of those
+    tokens (the full ``[.., V]`` teacher softmax costs 4 bytes per vocabulary entry per position: 248k for
+    Qwen3.6)."""
+    t = soft.temperature
+    drafter_log_probs = F.log_softmax(logits.float() / t, dim=-1)
+    if soft.top_k:
+        top_logits, top_ids = teacher_logits.float().topk(min(soft.top_k, teacher_logits.shape[-1]), dim=-1)
+        target_log_probs = F.log_softmax(top_logits / t, dim=-1)
+        drafter_log_probs = drafter_log_probs.gather(-1, top_ids)
+    else:
+        target_log_probs = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    return (target_log_probs.exp() * (target_log_probs - drafter_log_probs)).sum(-1) * (t * t)
+
+
+def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: torch.Tensor, mask_token_id: int,
+               gamma: float, soft: SoftLabels = SoftLabels()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Weighted block loss and per-position hits ``[B-1]`` (the drafter's top-1 is the target's).
+
+    The hard label of each position is the target's own top-1 next token after the answer's prefix: for a
+    greedy answer that is the answer's next token; for a sampled answer the sampled token is one draw from the
     target's distribution (a noisy label for what greedy verification accepts), the top-1 is exact, and it
-    comes from the same teacher-forced pass that gives the drafter its context.
+    comes from the same teacher-forced pass that gives the drafter its context. The soft label is that pass's
+    whole distribution (``soft_label_loss``), mixed in with ``soft.weight``.
     """
     block = drafter.shape.block_size
     features, target_logits = target_forward(model, ids, drafter.shape.target_layer_ids)
@@ -269,6 +299,11 @@ def block_loss(drafter: DFlashDrafter, model, ids: torch.Tensor, anchor_pos: tor
     positions = anchor_pos[..., None] + torch.arange(block - 1, device=ids.device)  # [S, A, B-1]
     labels = torch.gather(target_logits.argmax(-1), 1, positions.flatten(1)).view_as(positions)
     losses = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
+    if soft.weight > 0:
+        vocab = target_logits.shape[-1]
+        teacher = torch.gather(target_logits, 1, positions.flatten(1)[..., None].expand(-1, -1, vocab))
+        soft_losses = soft_label_loss(logits, teacher.view(*positions.shape, vocab), soft)
+        losses = (1 - soft.weight) * losses + soft.weight * soft_losses
     weights = torch.exp(-torch.arange(block - 1, device=ids.device, dtype=torch.float32) / gamma)
     loss = (losses * weights).sum() / (weights.sum() * losses.shape[0] * losses.shape[1])
     hits = (logits.argmax(-1) == labels).float().mean(dim=(0, 1))
@@ -340,6 +375,7 @@ def train(args: argparse.Namespace) -> dict:
                 torch.nn.init.normal_(parameter, std=0.02)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gamma = DECAY_GAMMA.get(args.block_size, args.block_size / 2.3)
+    soft = SoftLabels(args.soft_label_weight, args.soft_label_temperature, args.soft_label_top_k)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses = []
@@ -353,7 +389,7 @@ def train(args: argparse.Namespace) -> dict:
         batch = [rng.choice(training) for _ in range(args.batch_size)]
         ids, anchors = make_batch(batch, args.anchors, args.block_size, pad_id, rng, device)
         with autocast:
-            loss, _ = block_loss(drafter, model, ids, anchors, mask_token_id, gamma)
+            loss, _ = block_loss(drafter, model, ids, anchors, mask_token_id, gamma, soft)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -428,6 +464,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     parser.add_argument("--anchors", type=int, default=32, help="blocks per sequence per step")
     parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--soft-label-weight", type=float, default=0.0,
+                        help="share of the block loss that is KL to the target's distribution (0: top-1 labels only)")
+    parser.add_argument("--soft-label-temperature", type=float, default=1.0, help="temperature of that KL")
+    parser.add_argument("--soft-label-top-k", type=int, default=0,
+                        help="the KL over the target's top-k tokens (0: the whole vocabulary)")
     parser.add_argument("--warmup-fraction", type=float, default=0.04)
     parser.add_argument("--generator", choices=("hf", "sglang"), default="hf",
                         help="who writes the answers: transformers generate (no engine needed) or an offline SGLang "
@@ -452,6 +493,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--block-size must be >= 2 and --num-layers, --num-features, --answers-per-prompt >= 1")
     if args.steps < 0 or args.time_budget_minutes < 0 or not (args.steps or args.time_budget_minutes):
         parser.error("give --steps >= 1 or --time-budget-minutes > 0 (or both)")
+    if not 0 <= args.soft_label_weight <= 1 or args.soft_label_temperature <= 0 or args.soft_label_top_k < 0:
+        parser.error("--soft-label-weight must be in [0, 1], --soft-label-temperature > 0, --soft-label-top-k >= 0")
     return args
 
 

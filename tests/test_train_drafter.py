@@ -175,6 +175,20 @@ def test_training_continues_from_a_drafter_and_from_kept_answers(trained, tmp_pa
     assert json.loads((out / "training.json").read_text())["held_out_greedy_tau"]["dflash"] > 1.5
 
 
+def test_soft_labels_train_on_the_same_answers_and_are_recorded(trained, tmp_path):
+    """``--soft-label-weight``: half of the block loss is KL to the target's distribution; the run lowers it on
+    the answers the hard-label run kept, and ``training.json`` says how the drafter was trained."""
+    out = tmp_path / "soft"
+    result = train("--target", trained["target"], "--out", str(out), "--answers-in", str(trained["root"] / "answers.jsonl"),
+                   "--block-size", str(BLOCK), "--num-features", "2", "--steps", "60", "--batch-size", "8",
+                   "--anchors", "16", "--lr", "2e-3", "--soft-label-weight", "0.5", "--soft-label-top-k", "16")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((out / "training.json").read_text())
+    assert sum(report["last_losses"]) < sum(report["first_losses"])
+    assert (report["args"]["soft_label_weight"], report["args"]["soft_label_top_k"]) == (0.5, 16)
+    assert report["held_out_greedy_tau"]["dflash"] > 1.0
+
+
 def test_a_time_budget_compresses_the_schedule_instead_of_cutting_it_short():
     assert training_progress(50, 100, elapsed_s=10.0, budget_s=0.0) == 0.5  # no budget: by steps
     assert training_progress(50, 100, elapsed_s=90.0, budget_s=100.0) == 0.9  # the clock runs out first
