@@ -176,7 +176,7 @@ def markdown(meta: dict, rows: list[dict], divergences: list[dict]) -> str:
         "# Side-by-side: AR vs MTP vs DFlash vs DDTree", "",
         f"{meta.get('date', '')} · commit {meta.get('commit', '?')} · {meta.get('gpu', '?')} · "
         f"model {meta.get('model_path', '?')} · tp {meta.get('tp', '?')} · max new tokens {meta.get('max_new_tokens')}", "",
-        *([f"**Simulated acceptance (cost only, outputs are not the target's)**: mean tau "
+        *(["**Simulated acceptance (cost only, outputs are not the target's)**: mean tau "
            + ", ".join(f"{algo} {tau:g}" for algo, tau in meta["simulated_tau"].items()), ""]
           if meta.get("simulated_tau") else []),
         "| config | dataset | T | conc. | req | tau | decode tok/s | e2e tok/s | TTFT (s) | TPOT (ms) | output tok/s "

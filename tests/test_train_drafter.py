@@ -186,7 +186,7 @@ def test_soft_labels_train_on_the_same_answers_and_are_recorded(trained, tmp_pat
     report = json.loads((out / "training.json").read_text())
     assert sum(report["last_losses"]) < sum(report["first_losses"])
     assert (report["args"]["soft_label_weight"], report["args"]["soft_label_top_k"]) == (0.5, 16)
-    assert report["held_out_greedy_tau"]["dflash"] > 1.0
+    assert report["held_out_greedy_tau"]["dflash"] > 1.5  # as the hard-label run's floor (1.71 seen in 60 steps)
 
 
 def test_a_time_budget_compresses_the_schedule_instead_of_cutting_it_short():
