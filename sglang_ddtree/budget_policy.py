@@ -4,26 +4,38 @@ A best-first DDTree pops its nodes in non-increasing path probability, and a par
 so the first ``w - 1`` popped nodes of the widest tree form the best tree of width ``w`` (root included). Its
 expected committed tokens per request are 1 (the bonus) plus the sum of those nodes' path probabilities (the
 probability that the target accepts the path to each node, if the drafter is calibrated: DDTree's objective).
-One drafter pass therefore prices every captured width at once, with a prefix sum.
+One drafter pass therefore prices every width at once, with a prefix sum.
 
 The drafter is not calibrated, so the prediction is scaled per width by the ratio of measured to predicted
 accepted drafts (an exponential moving average, online). Step time per (batch size, width) comes from a table
-measured at start-up. The choice maximises ``sum over requests of expected tokens / step time``; width 1 means
+measured on the model and GPU (below). The choice maximises ``sum over requests of expected tokens / step time``; width 1 means
 no tree: the bonus token verified alone, at about an AR step's cost, with the drafter re-run every
 ``probe_interval`` steps to notice when speculation pays again.
 
-Everything per step runs on the GPU; the chosen width reaches the host through a non-blocking copy that the
-next step reads only once its event has completed, so the decision lags by a step or more but never syncs.
+Everything per step runs on the GPU; each decision reaches the host through a non-blocking copy, and a step
+uses the decision made ``decisions_in_flight`` trees before the newest (one by default: under overlap scheduling
+the host prepares a step while the GPU still runs the previous one, whose decision is then not ready, and the
+one before it is). The lag is fixed, not "whatever has landed", so that every tensor-parallel rank picks the same
+width at the same step; waiting for that older copy returns at once unless the GPU is more trees behind the host
+than overlap scheduling lets it be.
+
+``--budget auto`` takes its step times from a JSON file (``SGLANG_DDTREE_STEP_TIME_TABLE``, given by the
+launcher's ``--step-time-table``), as SGLang's DSpark takes its profiled SPS table:
+``{"widths": [1, 2, ...], "batch_sizes": [1, 8, ...], "step_ms": [[ms per width] per batch size]}``.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+import json
+import os
 from typing import Mapping, Optional, Sequence
 
 import torch
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 33, 65)  # verify tokens per request, root included
+STEP_TIME_TABLE_ENV = "SGLANG_DDTREE_STEP_TIME_TABLE"
 
 
 def expected_tokens_per_width(path_logprob: torch.Tensor, widths: torch.Tensor) -> torch.Tensor:
@@ -39,10 +51,11 @@ def expected_tokens_per_width(path_logprob: torch.Tensor, widths: torch.Tensor) 
 
 
 class StepTimeTable:
-    """Step milliseconds per (batch size, width), measured at start-up for the captured batch sizes; a batch
-    size between two captured ones takes the next larger (its graph is the one replayed)."""
+    """Step milliseconds per (batch size, width), measured for one model on one GPU; a batch
+    size between two measured ones takes the next larger (as a CUDA-graph batch pads to the next captured size)."""
 
     def __init__(self, step_ms: Mapping[tuple[int, int], float], widths: Sequence[int]) -> None:
+        self.widths = list(widths)
         self.batch_sizes = sorted({bs for bs, _ in step_ms})
         missing = [(bs, w) for bs in self.batch_sizes for w in widths if (bs, w) not in step_ms]
         if missing:
@@ -57,11 +70,47 @@ class StepTimeTable:
         return self.rows[self.row_key(batch_size)]
 
 
+def load_step_time_table(path: str) -> StepTimeTable:
+    """The table of a ``--budget auto`` server; ``ValueError`` naming the file and what is wrong with it."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"step time table {path}: cannot read it as JSON ({error})") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("widths", "batch_sizes",
+                                                                                      "step_ms")):  # fmt: skip
+        raise ValueError(f"step time table {path}: expected lists 'widths', 'batch_sizes' and 'step_ms' (one row of "
+                         "milliseconds per batch size, one entry per width)")  # fmt: skip
+    widths, batch_sizes, rows = data["widths"], data["batch_sizes"], data["step_ms"]
+    if not widths or not all(isinstance(w, int) and w >= 1 for w in widths) or widths != sorted(set(widths)) \
+            or widths[0] != 1:  # fmt: skip
+        raise ValueError(f"step time table {path}: 'widths' must be verify widths ascending from 1, got {widths}")
+    if not batch_sizes or not all(isinstance(bs, int) and bs >= 1 for bs in batch_sizes) \
+            or len(set(batch_sizes)) != len(batch_sizes):  # fmt: skip
+        raise ValueError(f"step time table {path}: 'batch_sizes' must be distinct positive integers, got {batch_sizes}")
+    if len(rows) != len(batch_sizes) or not all(
+        isinstance(row, list) and len(row) == len(widths)
+        and all(isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0 for ms in row)
+        for row in rows
+    ):
+        raise ValueError(f"step time table {path}: 'step_ms' must hold one row per batch size, each with one "
+                         f"positive number of milliseconds per width ({len(widths)})")  # fmt: skip
+    return StepTimeTable({(bs, w): float(ms) for bs, row in zip(batch_sizes, rows) for w, ms in zip(widths, row)},
+                         widths)  # fmt: skip
+
+
+def requested_step_time_table() -> Optional[StepTimeTable]:
+    """The table named by ``SGLANG_DDTREE_STEP_TIME_TABLE`` (``--budget auto``), or None (a fixed budget)."""
+    path = os.environ.get(STEP_TIME_TABLE_ENV, "")
+    return load_step_time_table(path) if path else None
+
+
 class BudgetPolicy:
     """Chooses each batch's verify width from the previous trees' path probabilities and measured acceptance.
 
-    Call :meth:`observe` after each verify (GPU work only) and :meth:`width` before the next draft (host, no
-    sync). ``widths`` must be the captured verify widths, ascending, starting at 1.
+    Call :meth:`observe` after each verify (GPU work only) and :meth:`width` before the next draft (host). ``widths``
+    must be the verify widths the worker can run, ascending, starting at 1. ``decisions_in_flight``: how many of
+    the newest decisions a step does not wait for (0 on a host that finishes each step before the next).
     """
 
     def __init__(
@@ -71,6 +120,7 @@ class BudgetPolicy:
         device: torch.device | str = "cpu",
         ema: float = 0.05,
         probe_interval: int = 16,
+        decisions_in_flight: int = 1,
     ) -> None:
         if list(widths) != sorted(set(widths)) or widths[0] != 1:
             raise ValueError(f"widths must ascend from 1, got {list(widths)}")
@@ -82,17 +132,22 @@ class BudgetPolicy:
         self.probe_interval = probe_interval
         self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
         self.calibration = torch.ones(len(self.widths), device=self.device)  # measured / predicted drafts
-        self._choice_host = torch.zeros(1, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        self._choice_ready: Optional[torch.cuda.Event] = None  # the copy of the newest decision (CUDA only)
-        self._choice_unread = False  # a decision was copied since width() last took one
+        self.decisions_in_flight = decisions_in_flight
+        # One host slot per decision that can be pending (observed, not yet taken by width()), reused in turn.
+        self._choice_host = torch.zeros(decisions_in_flight + 2, dtype=torch.int64,
+                                        pin_memory=self.device.type == "cuda")  # fmt: skip
+        self._pending: collections.deque[tuple[int, Optional[torch.cuda.Event]]] = collections.deque()
+        self._decisions = 0
         self._chosen = len(self.widths) - 1  # start wide: the first trees price every width
         self._steps_at_one = 0
 
     def width(self) -> int:
-        """The verify width for the next step: the last decision whose copy has landed (never waits)."""
-        if self._choice_unread and (self._choice_ready is None or self._choice_ready.query()):
-            self._chosen = int(self._choice_host[0])
-            self._choice_unread, self._choice_ready = False, None
+        """The verify width for the next step: the decision made ``decisions_in_flight`` trees before the newest."""
+        while len(self._pending) > self.decisions_in_flight:
+            slot, copied = self._pending.popleft()
+            if copied is not None:
+                copied.synchronize()  # long done: the GPU is at most decisions_in_flight trees behind
+            self._chosen = int(self._choice_host[slot])
         if self.widths[self._chosen] == 1:
             self._steps_at_one += 1
             if self._steps_at_one >= self.probe_interval:  # draft again to re-price the widths
@@ -128,8 +183,11 @@ class BudgetPolicy:
         tokens = 1.0 + predicted * self.calibration[: len(usable)]
         step_ms = self._step_rows[self.step_times.row_key(path_logprob.shape[0])][: len(usable)]
         choice = torch.argmax(tokens.sum(dim=0) / step_ms).reshape(1)
-        self._choice_host.copy_(choice, non_blocking=True)
-        self._choice_unread = True
+        slot = self._decisions % len(self._choice_host)
+        self._decisions += 1
+        self._choice_host[slot : slot + 1].copy_(choice, non_blocking=True)
+        copied = None
         if self.device.type == "cuda":
-            self._choice_ready = torch.cuda.Event()
-            self._choice_ready.record()
+            copied = torch.cuda.Event()
+            copied.record()
+        self._pending.append((slot, copied))

@@ -10,7 +10,7 @@ that the worker reads. A batch that runs the drafter eagerly calls the head eage
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -29,6 +29,12 @@ class DraftTree:
     token: torch.Tensor  # [bs, B] int64
     depth: torch.Tensor  # [bs, B] int32
     path_logprob: torch.Tensor  # [bs, B] float32
+
+    def first_nodes(self, count: int) -> "DraftTree":
+        """The best tree of ``count`` nodes: the first ``count`` popped (best-first pops a parent before its
+        children and never a more probable node later), contiguous as the verify-tensor kernel needs them."""
+        return replace(self, **{name: getattr(self, name)[:, :count].contiguous()
+                                for name in ("parent", "token", "depth", "path_logprob")})  # fmt: skip
 
 
 class DDTreeDraftHead:

@@ -18,6 +18,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET
+from sglang_ddtree.ddtree_auto_budget import check_auto_budget_settings
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,10 @@ class DDTreeSpecAlgo(CustomSpecAlgo):
                 f"DDTREE budget {tree_width - 1} is too small for drafter block size {block_size}: "
                 f"use a budget of at least {(block_size + 1) // 2 - 1}"
             )
+        try:
+            check_auto_budget_settings(tree_width)
+        except ValueError as e:
+            raise ValueError(f"DDTREE --budget auto: {e}") from None
         server_args.speculative_dflash_block_size = block_size
         server_args.speculative_num_draft_tokens = tree_width
         server_args.speculative_num_steps = block_size - 1

@@ -17,6 +17,9 @@ Per decode step, for a batch of requests with independent trees:
 4. Draft context: the target's hidden features of the committed tokens are written into the draft KV
    cache, as DFlash does for its chain.
 
+Under ``--budget auto`` (``ddtree_auto_budget``) each step verifies the best tree of the width the policy chose,
+a prefix of the drafted widest tree's pop order; width 1 skips steps 1-2 and verifies the bonus token alone.
+
 Under a torch profiler each phase is a ``ddtree.<function>`` range (``ddtree_trace_ranges.traced_range``: one flag
 check otherwise; host-timed under ``SGLANG_DDTREE_TRACE_RANGES=1``), as SGLang marks its scheduler's functions.
 
@@ -44,7 +47,8 @@ from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
+from sglang_ddtree.ddtree_auto_budget import AutoBudget
+from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead, DraftTree
 from sglang_ddtree.ddtree_info import DDTreeVerifyInput
 from sglang_ddtree.ddtree_simulation import CURRENT_TREE, check_simulation_settings, simulated_acceptance_mean
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
@@ -52,7 +56,7 @@ from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_trace_ranges import traced_range
 from sglang_ddtree.flashinfer_tree_plan import verify_planned_from_host_lengths
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
-from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion
+from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +92,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._draft_head = self._make_draft_head(max_bs=0)
         self._cuda_graphs = not server_args.disable_cuda_graph
         self._plans_from_host_lengths = False  # decided in init_attention_backends, once the target's exist
+        self._auto_budget = AutoBudget.from_environment(self.tree_width, self.device)  # None: a fixed budget
         self._simulating = simulated_acceptance_mean() > 0
         check_simulation_settings(simulated_acceptance_mean())
         if self._simulating:
@@ -133,27 +138,27 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
         timer = STEP_PROFILE.start(self.device)
+        width = self._auto_budget.next_width() if self._auto_budget is not None else self.tree_width
         prefix_lens = batch.seq_lens
-        kv_lens_cpu = self._host_kv_lens(batch)  # before the draft launch: see _host_kv_lens
-        with traced_range("_draft_block"):
-            draft_out = self._draft_block(batch, draft_input)
-        timer.mark()
-        if self._draft_sampler is not None and draft_out.can_run_graph:
-            drafted = self._draft_head.tree(len(prefix_lens))  # written by the draft graph's replay
+        kv_lens_cpu = self._host_kv_lens(batch, width)  # before the draft launch: see _host_kv_lens
+        drafted = None
+        if width > 1:
+            with traced_range("_draft_block"):
+                draft_out = self._draft_block(batch, draft_input)
+            timer.mark()
+            if self._draft_sampler is not None and draft_out.can_run_graph:
+                drafted = self._draft_head.tree(len(prefix_lens))  # written by the draft graph's replay
+            else:
+                drafted = self._draft_head(draft_out.logits_output.hidden_states)
         else:
-            drafted = self._draft_head(draft_out.logits_output.hidden_states)
+            timer.mark()  # a bonus-only verify: no draft, no head
         timer.mark()
         with traced_range("ddtree_from_expansion"):
-            tree = ddtree_from_expansion(
-                **vars(drafted),
-                root_tokens=draft_input.bonus_tokens,
-                seq_lens=prefix_lens,
-                seq_lens_sum=self._seq_lens_upper_bound(batch, draft_input),
-            )
+            tree = self._tree_to_verify(drafted, width, batch, draft_input)
         if self._check_tp_trees:
             TP_TREE_CHECK.record(tree, get_tp_group())
         with traced_range("_verify_input"):
-            batch.spec_info = self._verify_input(tree, batch, kv_lens_cpu)
+            batch.spec_info = self._verify_input(tree, batch, kv_lens_cpu, width)
         if self._simulating:
             CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
@@ -167,17 +172,19 @@ class DDTreeWorker(DFlashWorkerV2):
                 plan_stream_ctx=contextlib.nullcontext(),
                 topk=TREE_MODE_TOPK,
                 num_steps=self.block_size - 1,
-                num_draft_tokens=self.tree_width,
+                num_draft_tokens=width,
                 device=self.device,
                 metadata_ready_pre_pad=False,
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
         timer.mark()
+        if self._auto_budget is not None:
+            self._auto_budget.observe(drafted.path_logprob if drafted is not None else None, width)
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         with traced_range("_append_committed_to_draft_kv"):
-            self._append_committed_to_draft_kv(batch, prefix_lens, result)
+            self._append_committed_to_draft_kv(batch, prefix_lens, result, width)
         timer.mark()
         STEP_PROFILE.finish(timer)
         self._publish_read_done()
@@ -186,6 +193,19 @@ class DDTreeWorker(DFlashWorkerV2):
             bonus_tokens=result.next_draft_input.bonus_tokens, new_seq_lens=result.new_seq_lens
         )
         return result
+
+    def _tree_to_verify(
+        self, drafted: Optional[DraftTree], width: int, batch: ScheduleBatch, draft_input: DFlashDraftInputV2
+    ) -> DDTreeTensors:
+        """The verify tensors of the best ``width``-node tree: the drafted (widest) tree, a prefix of its pop
+        order, or the bonus token alone (``drafted`` None, width 1)."""
+        seq_lens_sum = self._seq_lens_upper_bound(batch, draft_input)
+        if drafted is None:
+            return root_only_ddtree(draft_input.bonus_tokens, batch.seq_lens, seq_lens_sum)
+        nodes = drafted if width == self.tree_width else drafted.first_nodes(width - 1)
+        return ddtree_from_expansion(
+            **vars(nodes), root_tokens=draft_input.bonus_tokens, seq_lens=batch.seq_lens, seq_lens_sum=seq_lens_sum
+        )
 
     def _publish_read_done(self) -> None:
         """Move the scheduler's write-after-read fence to the end of this step.
@@ -247,7 +267,7 @@ class DDTreeWorker(DFlashWorkerV2):
             return batch.seq_lens_cpu
         return draft_input.reserved_seq_lens_cpu
 
-    def _host_kv_lens(self, batch: ScheduleBatch) -> Optional[torch.Tensor]:
+    def _host_kv_lens(self, batch: ScheduleBatch, width: int) -> Optional[torch.Tensor]:
         """The verify's key lengths on the host, for a FlashInfer verify-graph plan that reads nothing back.
 
         Under overlap scheduling the host knows the committed lengths only a step late, and FlashInfer's plan
@@ -255,11 +275,11 @@ class DDTreeWorker(DFlashWorkerV2):
         upper-bound version failed the GPU suite, tests/gpu/RESULTS.md run 38). So the step reads the device
         lengths once, here, where the GPU has finished the previous step's verify or is about to: FlashInfer's
         plans would otherwise read them back twice per step (the draft block's and the verify's, the latter
-        after the draft forward). Only where that plan runs (FlashInfer, CUDA graphs).
+        after the draft forward). Only where that plan runs (FlashInfer, CUDA graphs, the captured width).
         """
-        if not self._plans_from_host_lengths:
+        if not self._plans_from_host_lengths or width != self.tree_width:
             return None
-        return (batch.seq_lens + self.tree_width).to("cpu", torch.int32)
+        return (batch.seq_lens + width).to("cpu", torch.int32)
 
     def _seq_lens_upper_bound(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> int:
         """Size for the FULL tree mask without reading the device lengths: the reserved lengths bound them."""
@@ -268,7 +288,7 @@ class DDTreeWorker(DFlashWorkerV2):
         return int(host.sum())
 
     def _verify_input(
-        self, tree: DDTreeTensors, batch: ScheduleBatch, kv_lens_cpu: Optional[torch.Tensor]
+        self, tree: DDTreeTensors, batch: ScheduleBatch, kv_lens_cpu: Optional[torch.Tensor], width: int
     ) -> DDTreeVerifyInput:
         return DDTreeVerifyInput(
             draft_token=tree.draft_token,
@@ -280,7 +300,7 @@ class DDTreeWorker(DFlashWorkerV2):
             retrieve_cum_len=None,
             spec_steps=int(self.block_size) - 1,
             topk=TREE_MODE_TOPK,
-            draft_token_num=self.tree_width,
+            draft_token_num=width,
             capture_hidden_mode=CaptureHiddenMode.FULL,
             seq_lens_sum=batch.seq_lens_sum,
             seq_lens_cpu=batch.seq_lens_cpu,
@@ -289,14 +309,14 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _append_committed_to_draft_kv(
-        self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult
+        self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult, tree_width: int
     ) -> None:
         """Write the target features of the committed tokens (compacted to the front of each request's
-        verify block, KV included) into the draft KV cache, at their final slots."""
+        verify block of ``tree_width`` nodes, KV included) into the draft KV cache, at their final slots."""
         bs = len(prefix_lens)
-        width = min(self.tree_width, int(self.block_size))
-        hidden = result.logits_output.hidden_states.view(bs, self.tree_width, -1)[:, :width]
-        cache_loc_2d = batch.out_cache_loc.view(bs, self.tree_width)[:, :width]
+        width = min(tree_width, int(self.block_size))
+        hidden = result.logits_output.hidden_states.view(bs, tree_width, -1)[:, :width]
+        cache_loc_2d = batch.out_cache_loc.view(bs, tree_width)[:, :width]
         positions = prefix_lens.view(-1, 1) + torch.arange(width, device=prefix_lens.device)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden.reshape(-1, hidden.shape[-1]),

@@ -1,7 +1,7 @@
 """``python -m sglang_ddtree.launch``: start SGLang's HTTP server for one decoding algorithm.
 
     python -m sglang_ddtree.launch --algo {ar,mtp,dflash,ddtree} [--model-path P] [--draft-model-path D]
-        [--tp N] [--budget B] [--dry-run] [any sglang launch_server flag ...]
+        [--tp N] [--budget B | --budget auto --step-time-table FILE] [--dry-run] [any sglang launch_server flag ...]
 
 The launcher only resolves and checks arguments, then runs SGLang's own server in this process; the plugin
 entry point registers this package inside every SGLang process. Any flag it does not know passes through to
@@ -66,9 +66,10 @@ class LaunchRequest:
     model_path: str | None
     draft_model_path: str | None
     tp: int
-    budget: int | None
+    budget: int | str | None  # tree nodes, or "auto"
     host: str
     passthrough: tuple[str, ...]
+    step_time_table: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument(
-        "--budget", type=int, help=f"ddtree: tree nodes per request, root excluded (default {DDTREE_DEFAULT_BUDGET})"
+        "--budget",
+        help=f"ddtree: tree nodes per request, root excluded (default {DDTREE_DEFAULT_BUDGET}), or 'auto': each step "
+        "verifies the width that commits the most tokens per second (needs --step-time-table)",
+    )
+    parser.add_argument(
+        "--step-time-table",
+        help="ddtree --budget auto: JSON of step milliseconds per batch size and verify width on this model and GPU",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
@@ -109,11 +116,21 @@ def parse_request(argv: Sequence[str]) -> tuple[LaunchRequest, bool]:
         model_path=args.model_path,
         draft_model_path=args.draft_model_path,
         tp=args.tp,
-        budget=args.budget,
+        budget=_budget(args.budget),
         host=args.host,
         passthrough=tuple(passthrough),
+        step_time_table=args.step_time_table,
     )
     return request, args.dry_run
+
+
+def _budget(value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"--budget must be a number of tree nodes or 'auto', got '{value}'") from None
 
 
 def _ar_flags(request: LaunchRequest, target_config: dict) -> list[str]:
@@ -170,6 +187,8 @@ def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
 
 def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     budget = DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
+    if budget == "auto":
+        budget = _auto_budget_widest_width(request) - 1
     if budget < 1:
         raise LaunchError(f"--budget must be at least 1 tree node, got {budget}")
     block_size, dtype_flags = _checked_drafter(request, target_config)
@@ -185,6 +204,28 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
         "--speculative-dflash-block-size", str(block_size),
         *dtype_flags,
     ]  # fmt: skip
+
+
+def _auto_budget_widest_width(request: LaunchRequest) -> int:
+    """The widest verify width of ``--budget auto``'s table: the tree the drafter builds every step."""
+    from sglang_ddtree.budget_policy import load_step_time_table
+
+    if not request.step_time_table:
+        raise LaunchError("--budget auto needs --step-time-table FILE: step milliseconds per batch size and verify "
+                          "width of this model on this GPU (README, 'Auto budget')")  # fmt: skip
+    try:
+        return load_step_time_table(request.step_time_table).widths[-1]
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+
+
+def server_environment(request: LaunchRequest) -> dict[str, str]:
+    """Variables the server needs beside its flags: the step time table of ``--budget auto``."""
+    from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV
+
+    if request.budget != "auto":
+        return {}
+    return {STEP_TIME_TABLE_ENV: os.path.abspath(request.step_time_table)}
 
 
 _ALGORITHM_FLAGS: dict[str, Callable[[LaunchRequest, dict], list[str]]] = {
@@ -204,7 +245,10 @@ def resolve_server_argv(request: LaunchRequest, model_path: str) -> list[str]:
         raise LaunchError(f"--draft-model-path is only used by --algo dflash and ddtree, not {request.algo}")
     if request.budget is not None and request.algo != "ddtree":
         raise LaunchError(f"--budget only applies to --algo ddtree, not {request.algo}")
+    if request.step_time_table and request.budget != "auto":
+        raise LaunchError("--step-time-table only applies to --algo ddtree --budget auto")
     if request.algo == "ddtree":
+        _check_no_stray_step_time_table(request)
         _check_simulated_acceptance()
     request = LaunchRequest(**{**request.__dict__, "model_path": model_path})
     target_config = model_configs.load_config(model_path)
@@ -245,6 +289,15 @@ def _number_flag(args: Sequence[str], flag: str, kind: type, default):
 
 
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+
+
+def _check_no_stray_step_time_table(request: LaunchRequest) -> None:
+    """The table's variable makes every DDTREE server's budget auto: only the launcher's ``--budget auto`` sets it."""
+    from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV
+
+    if os.environ.get(STEP_TIME_TABLE_ENV) and request.budget != "auto":
+        raise LaunchError(f"{STEP_TIME_TABLE_ENV} is set in the environment: pass --budget auto --step-time-table "
+                          "FILE instead, or unset it")  # fmt: skip
 
 
 def _check_simulated_acceptance() -> None:
@@ -451,9 +504,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     warning = exposure_warning(request)
     if warning:
         print(f"sglang_ddtree.launch: warning: {warning}", file=sys.stderr)
+    environment = server_environment(request)
     if dry_run:
-        print(shlex.join([sys.executable, "-m", "sglang.launch_server", *server_argv]))
+        assignments = [f"{name}={value}" for name, value in environment.items()]
+        print(shlex.join([*assignments, sys.executable, "-m", "sglang.launch_server", *server_argv]))
         return 0
+    os.environ.update(environment)
     _serve(server_argv)
     return 0
 

@@ -37,6 +37,7 @@ def report_plugin_in_internal_state(
     It proves, from the outside, that the plugin was loaded inside the scheduler process that serves the
     requests (the benchmark records it with every run).
     """
+    from sglang_ddtree.ddtree_auto_budget import auto_budget_report
     from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
     from sglang_ddtree.ddtree_step_profile import step_profile_report
     from sglang_ddtree.ddtree_trace_ranges import host_ranges_report
@@ -52,7 +53,8 @@ def report_plugin_in_internal_state(
                          ("ddtree_host_ranges", host_ranges_report()),
                          ("ddtree_flashinfer_plans", sync_free_plan_report()),
                          ("ddtree_gdn_wy_verify", wy_verify_report()),
-                         ("ddtree_simulated_acceptance", simulation_report())):  # fmt: skip
+                         ("ddtree_simulated_acceptance", simulation_report()),
+                         ("ddtree_budget_auto", auto_budget_report())):  # fmt: skip
         if report is not None:
             output.internal_state[name] = report
     return output
@@ -82,6 +84,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from sglang_ddtree import (
+        ddtree_auto_budget,
         ddtree_cuda_graph,
         ddtree_requests,
         ddtree_simulation,
@@ -112,6 +115,8 @@ def register() -> None:
     ddtree_simulation.register(HookRegistry, HookType)  # a pass-through unless a DDTREE worker simulates
     ddtree_trace_ranges.register(HookRegistry, HookType)  # nothing unless a profile asks for it
     flashinfer_tree_plan.register(HookRegistry, HookType)  # a pass-through but for DDTREE's verify graph replays
+    if ddtree_auto_budget.auto_budget_requested():
+        ddtree_auto_budget.register(HookRegistry, HookType)  # keeps each verify's accepted nodes for the policy
     if hybrid_tree_verify.wy_verify_requested():
         hybrid_tree_verify.register(HookRegistry, HookType)
     _register_ddtree_algorithm()

@@ -109,6 +109,30 @@ def ddtree_from_expansion(
     )
 
 
+def root_only_ddtree(root_tokens: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int) -> DDTreeTensors:
+    """The verify tensors of trees that are only their root (a verify of the bonus tokens, width 1), without a
+    kernel: each request's one row sees its whole prefix and itself, so the FULL mask is all True.
+
+    ``seq_lens_sum``: a host bound on ``seq_lens.sum()`` (a larger mask is only longer than it needs to be)."""
+    bs, device = root_tokens.shape[0], root_tokens.device
+    empty = {"dtype": torch.int64, "device": device}
+    return DDTreeTensors(
+        top_logprobs=torch.empty((bs, 0, 0), dtype=torch.float32, device=device),
+        top_tokens=torch.empty((bs, 0, 0), **empty),
+        parent=torch.empty((bs, 0), dtype=torch.int32, device=device),
+        token=torch.empty((bs, 0), **empty),
+        depth=torch.empty((bs, 0), dtype=torch.int32, device=device),
+        path_logprob=torch.empty((bs, 0), dtype=torch.float32, device=device),
+        draft_token=root_tokens.to(torch.int64).reshape(bs),
+        positions=seq_lens.to(torch.int64).reshape(bs),
+        retrieve_index=torch.arange(bs, **empty).view(bs, 1),
+        retrieve_next_token=torch.full((bs, 1), -1, **empty),
+        retrieve_next_sibling=torch.full((bs, 1), -1, **empty),
+        custom_mask=torch.ones(full_mask_numel(seq_lens_sum, bs, budget=0), dtype=torch.bool, device=device),
+        ancestor_bits=torch.ones((bs, 1, 1), **empty),
+    )
+
+
 def build_ddtree_from_topk(
     top_logprobs: torch.Tensor,
     top_tokens: torch.Tensor,
@@ -180,4 +204,5 @@ def build_ddtree(
     )
 
 
-__all__ = ["DDTreeTensors", "build_ddtree", "build_ddtree_from_topk", "ddtree_from_expansion", "full_mask_numel"]
+__all__ = ["DDTreeTensors", "build_ddtree", "build_ddtree_from_topk", "ddtree_from_expansion", "full_mask_numel",
+           "root_only_ddtree"]

@@ -1,12 +1,15 @@
 """``--budget auto``'s policy: one widest tree prices every verify width; the width chosen maximises expected
-committed tokens per second for the batch, calibrated online by what the target accepted, without a host sync."""
+committed tokens per second for the batch, calibrated online by what the target accepted, without a host sync.
+
+Most tests take each decision at the next step (``decisions_in_flight=0``, a host that waits for every step);
+the server's policy takes it one tree later, which its own test pins."""
 
 import math
 
 import pytest
 import torch
 
-from sglang_ddtree.budget_policy import BudgetPolicy, StepTimeTable, expected_tokens_per_width
+from sglang_ddtree.budget_policy import BudgetPolicy, StepTimeTable, expected_tokens_per_width, load_step_time_table
 from sglang_ddtree.tree_reference import reference_build_tree
 
 WIDTHS = (1, 2, 4, 8, 16, 33)
@@ -15,6 +18,10 @@ WIDTHS = (1, 2, 4, 8, 16, 33)
 def table(step_ms) -> StepTimeTable:
     """``step_ms(bs, width)`` for batch sizes 1, 8 and 16."""
     return StepTimeTable({(bs, w): step_ms(bs, w) for bs in (1, 8, 16) for w in WIDTHS}, WIDTHS)
+
+
+def policy_of(times: StepTimeTable, **kwargs) -> BudgetPolicy:
+    return BudgetPolicy(times, WIDTHS, decisions_in_flight=0, **kwargs)
 
 
 def tree_of(node_probs: list[list[float]], budget: int = 32) -> torch.Tensor:
@@ -48,7 +55,7 @@ def test_expected_tokens_are_one_plus_the_prefix_sums_of_path_probabilities():
 
 def test_a_confident_drafter_gets_a_wide_tree_and_a_hopeless_one_no_tree():
     """Step time 1 ms + 0.02 ms per verify token: a 33-wide verify costs 1.64x a bonus-only step."""
-    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w))
     policy.observe(tree_of([[0.95 ** (i + 1) for i in range(32)]]), 33, no_accepts(1))
     assert policy.width() == 33
     policy.observe(tree_of([[0.01] * 32]), 1, no_accepts(1))
@@ -57,7 +64,7 @@ def test_a_confident_drafter_gets_a_wide_tree_and_a_hopeless_one_no_tree():
 
 def test_the_same_trees_get_narrower_as_the_batch_makes_width_expensive():
     """Verify cost proportional to batch x width (compute-bound at 16 requests): the best width shrinks."""
-    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.01 * bs * w), WIDTHS)
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.01 * bs * w))
     probs = [0.9 ** (i + 1) for i in range(32)]
     policy.observe(tree_of([probs]), 33, no_accepts(1))
     alone = policy.width()
@@ -69,7 +76,7 @@ def test_the_same_trees_get_narrower_as_the_batch_makes_width_expensive():
 def test_an_overconfident_drafter_is_calibrated_down_by_what_the_target_accepts():
     """The drafter claims 0.9 per node, the target accepts one node of the first level: the calibrated
     prediction falls until no tree pays, and the narrower widths were calibrated by the same verifies."""
-    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS, ema=0.5)
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), ema=0.5)
     claimed = tree_of([[0.9] * 32])
     first_node_only = torch.tensor([[1] + [-1] * 14])
     policy.observe(claimed, 33, first_node_only)
@@ -82,31 +89,27 @@ def test_an_overconfident_drafter_is_calibrated_down_by_what_the_target_accepts(
 
 
 def test_at_width_one_the_drafter_runs_again_every_probe_interval_steps():
-    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS, probe_interval=4)
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), probe_interval=4)
     policy.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))
     assert [policy.width() for _ in range(8)] == [1, 1, 1, 2, 1, 1, 1, 2]
 
 
 def test_before_any_tree_the_policy_verifies_the_widest_so_the_first_tree_prices_every_width():
-    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w))
     assert [policy.width() for _ in range(3)] == [33, 33, 33]
 
 
-def test_the_host_reads_a_decision_only_once_its_copy_has_landed():
-    class PendingEvent:
-        done = False
-
-        def query(self) -> bool:
-            return self.done
-
+def test_a_step_uses_the_decision_of_the_tree_before_the_newest_so_every_rank_picks_the_same_width():
+    """Under overlap scheduling the newest decision may still be on the GPU when the host prepares the next step;
+    taking "whatever has landed" would let tensor-parallel ranks pick different widths at the same step."""
     policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
-    policy.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))
-    assert policy.width() == 1
-    policy.observe(tree_of([[0.95 ** (i + 1) for i in range(32)]]), 1, no_accepts(1))
-    policy._choice_ready = pending = PendingEvent()  # the copy of this decision is still in flight
-    assert policy.width() == 1  # the previous decision, without waiting
-    pending.done = True
-    assert policy.width() == 33
+    confident, hopeless = tree_of([[0.95 ** (i + 1) for i in range(32)]]), tree_of([[0.01] * 32])
+    widths = []
+    for tree in (hopeless, confident, confident, hopeless, hopeless):
+        widths.append(policy.width())
+        policy.observe(tree, widths[-1], no_accepts(1))
+    widths.append(policy.width())
+    assert widths == [33, 33, 1, 33, 33, 1]
 
 
 def test_a_batch_size_between_measured_ones_uses_the_next_larger_row_and_gaps_are_refused():
@@ -116,3 +119,25 @@ def test_a_batch_size_between_measured_ones_uses_the_next_larger_row_and_gaps_ar
         StepTimeTable({(1, w): 1.0 for w in WIDTHS[:-1]}, WIDTHS)
     with pytest.raises(ValueError, match="widths must ascend from 1"):
         BudgetPolicy(times, (2, 4))
+
+
+def test_the_table_file_gives_the_step_times_and_each_defect_is_named(tmp_path):
+    good = tmp_path / "table.json"
+    good.write_text('{"widths": [1, 2, 4], "batch_sizes": [1, 8], "step_ms": [[1.0, 1.1, 1.2], [2.0, 2.5, 3.0]]}')
+    times = load_step_time_table(str(good))
+    assert times.widths == [1, 2, 4] and times.row(3).tolist() == [2.0, 2.5, 3.0]
+    defects = {
+        "not json": "cannot read it as JSON",
+        '{"widths": [1, 2]}': "expected lists 'widths', 'batch_sizes' and 'step_ms'",
+        '{"widths": [2, 4], "batch_sizes": [1], "step_ms": [[1, 1]]}': "ascending from 1",
+        '{"widths": [1, 2], "batch_sizes": [1, 1], "step_ms": [[1, 1], [1, 1]]}': "distinct positive integers",
+        '{"widths": [1, 2], "batch_sizes": [1], "step_ms": [[1, 0]]}': "one positive number of milliseconds per width",
+        '{"widths": [1, 2], "batch_sizes": [1, 8], "step_ms": [[1, 2]]}': "one row per batch size",
+    }
+    for text, message in defects.items():
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=f"step time table {bad}: .*{message}"):
+            load_step_time_table(str(bad))
+    with pytest.raises(ValueError, match="cannot read it as JSON"):
+        load_step_time_table(str(tmp_path / "missing.json"))

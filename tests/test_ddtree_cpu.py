@@ -6,6 +6,8 @@ first depths) often holds the target's choice: steps accept drafted nodes at sev
 tree's acceptance and KV compaction, which a chain-shaped or mis-masked verify would get wrong.
 """
 
+import json
+
 import pytest
 
 from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
@@ -67,24 +69,63 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
         assert accepted_drafts > 0  # otherwise this test could not tell a tree verify from a bonus-only one
 
 
-def test_tensor_parallel_ranks_build_identical_trees_and_stay_lossless(models, ar_outputs):
-    """TP=2: each rank sees half of the LM head; the all-gathered top-K gives every rank the same tree.
+AUTO_WIDTHS = [1, 2, 4, 9]  # the widest, 9, is the server's tree: budget 8
+# Alone, narrow trees pay (width 9 costs 3x); four at a time, nothing beats a bonus-only verify.
+AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 3.0], 4: [1.0, 1000.0, 1000.0, 1000.0]}
+
+
+def test_budget_auto_is_greedy_exact_at_every_width_it_picks(models, ar_outputs, tmp_path):
+    """``--budget auto``: each step verifies the first ``w - 1`` popped nodes of the widest tree (or, at width 1,
+    the bonus token alone with the drafter skipped), ``w`` chosen from the step time table and the trees' path
+    probabilities; whatever it picks, the output is AR's, and the server tallies the widths it verified."""
+    target, drafter = models
+    table = tmp_path / "steps.json"
+    table.write_text(json.dumps({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS),
+                                 "step_ms": list(AUTO_STEP_MS.values())}))  # fmt: skip
+    report = run_engine_generate(
+        {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+         "speculative_num_draft_tokens": AUTO_WIDTHS[-1]},
+        PROMPTS, GREEDY, modes=("sequential", "concurrent"), env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table)},
+    )  # fmt: skip
+    assert report["sequential"]["output_ids"] == ar_outputs
+    assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
+    auto = report["scheduler_states"][0]["ddtree_budget_auto"]
+    assert auto["widths"] == AUTO_WIDTHS and auto["table"] == str(table)
+    steps = dict(zip(auto["widths"], auto["steps"]))
+    # The widest at start (two decisions in flight: nothing priced yet), then bonus-only and narrow verifies.
+    assert steps[9] >= 2 and steps[1] > 0 and steps[2] + steps[4] > steps[9], steps
+    accepted = [sum(meta["spec_num_correct_drafts"] for meta in report[mode]["meta_info"])
+                for mode in ("sequential", "concurrent")]  # fmt: skip
+    assert accepted[0] > 0, (accepted, steps)  # narrow trees were verified alone and drafts accepted
+
+
+def test_tensor_parallel_ranks_build_identical_trees_and_stay_lossless(models, ar_outputs, tmp_path):
+    """TP=2: each rank sees half of the LM head; the all-gathered top-K gives every rank the same tree. Under
+    ``--budget auto``, so the ranks must also pick the same width at every step (a verify of another width on one
+    rank would hang or corrupt the collective).
 
     Compared with single-GPU AR: float32 TP sums in another order, far below these models' logit gaps."""
     target, drafter = models
     prompts = PROMPTS[:CONCURRENT_REQUESTS]
+    table = tmp_path / "steps.json"  # alone the widest tree pays, four at a time bonus-only verifies
+    table.write_text(json.dumps({"widths": AUTO_WIDTHS, "batch_sizes": [1, 4],
+                                 "step_ms": [[1000.0, 1000.0, 1000.0, 1.0], [1.0, 1000.0, 1000.0, 1000.0]]}))  # fmt: skip
     # SGLang's CPU engine binds one core per TP rank; the tree check compares the ranks' trees every step.
-    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1"}
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1",
+           "SGLANG_DDTREE_STEP_TIME_TABLE": str(table)}  # fmt: skip
     report = run_engine_generate(
         {**exact_engine_args(target), "tp_size": 2, "speculative_algorithm": "DDTREE",
-         "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": 9},
+         "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": AUTO_WIDTHS[-1]},
         prompts, GREEDY, modes=("sequential", "concurrent"), env=env,
     )  # fmt: skip
     assert report["sequential"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
     check = report["scheduler_states"][0]["ddtree_tp_tree_check"]
     assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
-    assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0
+    auto = report["scheduler_states"][0]["ddtree_budget_auto"]
+    assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0, auto
+    steps = dict(zip(auto["widths"], auto["steps"]))
+    assert steps[9] > 0 and steps[1] > 0, steps
 
 
 def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models):

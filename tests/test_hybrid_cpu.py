@@ -17,6 +17,7 @@ One value head per key head also takes SGLang's fused qkvz/ba split, the GPU pat
 """
 
 import importlib
+import json
 
 import pytest
 import torch
@@ -133,6 +134,27 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert all(meta["spec_verify_ct"] >= 2 for mode in modes for meta in report[mode]["meta_info"])
     # Otherwise this test could not tell a tree verify from a bonus-only one.
     assert accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], DRAFT_BLOCK_SIZE) > 0
+
+
+def test_budget_auto_changes_the_gdn_verify_width_step_to_step_and_stays_exact(models, ar_outputs, tmp_path):
+    """``--budget auto`` on the hybrid target: SGLang's GDN tree verify and state commit run at whatever width the
+    step picked (bonus-only width 1 included), from the same per-request state slots; the output is AR's."""
+    widths = [1, 9, 33]  # width 9 verifies the first 8 popped nodes of a 33-node tree: the budget-8 tree
+    table = tmp_path / "steps.json"  # alone only width 9 pays; four at a time only bonus-only verifies do
+    table.write_text(json.dumps({"widths": widths, "batch_sizes": [1, 4],
+                                 "step_ms": [[1000.0, 1.0, 1000.0], [1.0, 1000.0, 1000.0]]}))  # fmt: skip
+    report = generate(
+        {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
+         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": widths[-1]},
+        modes=("sequential", "concurrent"), env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table)},
+    )  # fmt: skip
+    assert report["sequential"]["output_ids"] == ar_outputs
+    assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
+    auto = report["scheduler_states"][0]["ddtree_budget_auto"]
+    steps = dict(zip(auto["widths"], auto["steps"]))
+    assert steps[33] >= 2 and steps[1] > 0 and steps[9] > steps[33], steps
+    # Alone, every verify after the first two was a 9-node prefix: drafts accepted there went through the GDN layers.
+    assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0, steps
 
 
 @SHARES_THE_B32_RUN

@@ -133,6 +133,48 @@ def test_ddtree_budget_defaults_to_32(models):
     assert flag(argv, "--speculative-num-draft-tokens") == "33"
 
 
+def step_time_table(path, widths=(1, 2, 4, 8, 17)) -> str:
+    rows = [[1.0 + 0.01 * bs * w for w in widths] for bs in (1, 8)]
+    path.write_text(json.dumps({"widths": list(widths), "batch_sizes": [1, 8], "step_ms": rows}))
+    return str(path)
+
+
+def test_ddtree_budget_auto_drafts_the_tables_widest_tree_and_hands_the_server_its_table(models, tmp_path):
+    table = step_time_table(tmp_path / "steps.json")
+    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                    "--budget", "auto", "--step-time-table", table, "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = shlex.split(result.stdout.strip())
+    assert command[0] == f"SGLANG_DDTREE_STEP_TIME_TABLE={table}" and command[2:4] == ["-m", "sglang.launch_server"]
+    assert flag(command, "--speculative-num-draft-tokens") == "17" and flag(command, "--speculative-algorithm") == "DDTREE"
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--budget", "auto"], ["--budget auto needs --step-time-table FILE"]),
+        (["--budget", "wide"], ["--budget must be a number of tree nodes or 'auto', got 'wide'"]),
+        (["--budget", "8", "--step-time-table", "{table}"], ["--step-time-table only applies to --algo ddtree --budget auto"]),
+        (["--budget", "auto", "--step-time-table", "{bad}"], ["step time table", "'widths' must be verify widths ascending from 1"]),
+        (["--budget", "auto", "--step-time-table", "{narrow}"], ["--budget 1 is too small for the drafter's block size 6"]),
+    ],
+)
+def test_budget_auto_set_up_wrong_is_one_line(models, tmp_path, args, fragments):
+    paths = {"table": step_time_table(tmp_path / "t.json"), "bad": step_time_table(tmp_path / "b.json", (2, 4)),
+             "narrow": step_time_table(tmp_path / "n.json", (1, 2))}  # fmt: skip
+    args = [arg.format(**paths) for arg in args]
+    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                    *args, "--dry-run")  # fmt: skip
+    assert_one_line_error(result, *fragments)
+
+
+def test_a_step_time_table_in_the_environment_is_not_silently_an_auto_budget(models, tmp_path):
+    env = {**os.environ, "SGLANG_DDTREE_STEP_TIME_TABLE": step_time_table(tmp_path / "t.json")}
+    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                    "--budget", "8", "--dry-run", env=env)  # fmt: skip
+    assert_one_line_error(result, "SGLANG_DDTREE_STEP_TIME_TABLE is set in the environment", "--budget auto")
+
+
 def test_unknown_flags_pass_through_unchanged_and_last(models):
     extra = ["--attention-backend", "triton", "--mem-fraction-static", "0.5", "--some-future-flag=x"]
     argv = dry_run_argv("--algo", "ar", "--model-path", models["target"], *extra, "--tp", "2", "--host", "0.0.0.0")

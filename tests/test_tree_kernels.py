@@ -361,3 +361,19 @@ def test_build_ddtree_fills_preallocated_buffers_and_matches_reference():
     allocated = build_ddtree(logits, budget, roots, seq, seq_lens_sum=sum(seq_lens))
     for name in pointers.keys() - {"topk_workspace"}:
         assert torch.equal(getattr(allocated, name), getattr(out, name)), name
+
+
+def test_a_bonus_only_tree_has_the_reference_verify_tensors_of_a_tree_without_nodes():
+    """``--budget auto``'s width 1 (``root_only_ddtree``, no kernel): each request verifies its bonus token alone."""
+    from sglang_ddtree.tree_ops import root_only_ddtree
+
+    roots, seq = torch.tensor([7, 8, 9]), torch.tensor([4, 1, 6])
+    no_nodes = torch.empty((3, 0), dtype=torch.int32)
+    expected = reference_verify_tensors(no_nodes, no_nodes.long(), no_nodes, roots, seq)
+    got = root_only_ddtree(roots.to(DEVICE), seq.to(DEVICE), seq_lens_sum=int(seq.sum()) + 5)  # a loose bound
+    for name, value in expected.items():
+        tensor = getattr(got, name).cpu()
+        if name == "custom_mask":
+            assert bool(tensor.all()) and tensor.numel() >= value.numel()
+            tensor = tensor[: value.numel()]
+        assert torch.equal(tensor, value.to(tensor.dtype)), name

@@ -2,8 +2,9 @@
 
 Tiny random models with a 64-token vocabulary (``tests/tiny_models.py``: ``qwen3_v64`` + ``dflash_v64``, block
 8), so that the random drafter's trees are often accepted beyond their root. Each backend gets an AR server and
-two DDTree servers (budget 16), all with the radix cache off: one with CUDA graphs plus the graph-vs-eager
-verify check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), one without CUDA graphs.
+three DDTree servers, all with the radix cache off: budget 16 with CUDA graphs plus the graph-vs-eager verify
+check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), budget 16 without CUDA graphs, and ``--budget auto`` with graphs
+(a step time table under which it verifies bonus-only, narrow and widest trees).
 
 Exactness in bfloat16 is judged by AR's top-2 margin at the first differing token (``lossless.py``); token
 identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
@@ -11,6 +12,7 @@ identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,19 +54,32 @@ SERVERS = {
     "ar": (["--algo", "ar"], {}),
     "ddtree_graphs": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "ddtree_eager": (["--algo", "ddtree", "--disable-cuda-graph"], {}),
+    "ddtree_auto": (["--algo", "ddtree"], {}),
 }
+AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
+# Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
+AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 1.1, 3.0], 4: [1.0, 1.05, 1.1, 1.2, 3.0], 16: [1.0, 100.0, 100.0, 100.0, 100.0]}
+
+
+def auto_budget_args(tmp_dir: str) -> list[str]:
+    table = os.path.join(tmp_dir, "step_times.json")
+    with open(table, "w") as f:
+        json.dump({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS), "step_ms": list(AUTO_STEP_MS.values())}, f)
+    return ["--budget", "auto", "--step-time-table", table]
 
 
 @pytest.fixture(scope="module")
-def servers():
+def servers(tmp_path_factory):
     """{(kind, backend): url or an error string}; all servers start side by side."""
+    auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")))
 
     def start(stack: ExitStack, kind: str, backend: str):
         algo_args, env = SERVERS[kind]
         args = [*algo_args, "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend,
                 "--dtype", "bfloat16", *FLAGS]  # fmt: skip
         if kind != "ar":
-            args += ["--draft-model-path", f"{MODELS}/dflash_v64", "--budget", str(BUDGET)]
+            budget = auto_args if kind == "ddtree_auto" else ["--budget", str(BUDGET)]
+            args += ["--draft-model-path", f"{MODELS}/dflash_v64", *budget]
         t0 = time.perf_counter()
         try:
             url = stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=420))
@@ -90,7 +105,7 @@ def ar_outputs(servers):
             for backend in BACKENDS}  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager"])
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_auto"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
     url = url_of(servers, kind, backend)
@@ -106,6 +121,10 @@ def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_out
     record({"test": "ddtree_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0
+    if kind == "ddtree_auto":
+        auto = http_json(url + "/server_info")["internal_states"][0]["ddtree_budget_auto"]
+        record({"test": "ddtree_auto_widths", "backend": backend, **auto})
+        assert sum(steps > 0 for steps in auto["steps"]) >= 2, auto
     assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend], got, kind)
 
 
@@ -139,20 +158,21 @@ SAMPLED_TOKENS = 4
     ids=["temperature-1", "top-p-0.8", "top-k-8"],
 )
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_sampled_tokens_follow_the_targets_distribution(servers, backend, sampling):
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_auto"])
+def test_sampled_tokens_follow_the_targets_distribution(servers, backend, sampling, kind):
     """DDTree's sampled tree verification keeps the target's distribution.
 
     8000 samples of 4 tokens per side from one prompt; the first token comes from the prefill, tokens 2-4
     from tree verification. Each position's token distribution is compared with AR's by a chi-square
-    homogeneity test at alpha = 1e-3 (9 tests per backend: false alarm <= 1%). Power, simulated for 64-token
+    homogeneity test at alpha = 1e-3 (9 tests per backend and server: false alarm <= 1% each). Power, simulated for 64-token
     distributions with mass moved onto the top token: 0.92 against a total-variation shift of 0.046 when the
     logits are ~N(0, 1), 0.52 against 0.045 for peakier ones (~N(0, 4)); a verification that fell back to
     greedy moves most of the mass and is always caught.
     """
-    pvalues, histograms = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, "ddtree_graphs", backend),
+    pvalues, histograms = sampled_pvalues(url_of(servers, "ar", backend), url_of(servers, kind, backend),
                                           PROMPTS[3], sampling, samples=SAMPLES, tokens=SAMPLED_TOKENS)  # fmt: skip
-    record({"test": "ddtree_sampling", "backend": backend, **sampling, "samples": SAMPLES, "pvalues": pvalues,
-            "histograms": histograms})  # fmt: skip
+    record({"test": "ddtree_sampling", "kind": kind, "backend": backend, **sampling, "samples": SAMPLES,
+            "pvalues": pvalues, "histograms": histograms})  # fmt: skip
     assert all(p >= SAMPLING_ALPHA for p in pvalues), pvalues
 
 

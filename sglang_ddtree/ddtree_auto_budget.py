@@ -1,0 +1,98 @@
+"""``--budget auto`` in the DDTree step: the verify width of each step, and what each verify teaches the policy.
+
+The drafter always builds the widest tree (the server's ``--speculative-num-draft-tokens``); a step of width ``w``
+verifies its first ``w - 1`` popped nodes, which form the best tree of that width (``budget_policy``), and a step of
+width 1 skips the drafter and verifies the bonus token alone (the committed token's target features still go into
+the draft KV cache, so the drafter can resume at any later step). The policy learns from the accepted nodes of each
+verify, which SGLang's ``eagle_sample`` returns but ``run_eagle_verify`` does not pass on: an AFTER hook keeps them.
+
+A width narrower than the captured one runs the target's verify eagerly (SGLang's graph runner replays only its
+capture width), which is correct but not fast: graphs per width are the next step of issue 14.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV, BudgetPolicy, requested_step_time_table
+
+EAGLE_SAMPLE = "sglang.srt.speculative.eagle_worker_common.eagle_sample"
+
+
+class _LastVerify:
+    """``[bs, depth]`` flat node indices (``b * N + node``, -1 padding) that the last ``eagle_sample`` accepted."""
+
+    accept_index: Optional[torch.Tensor] = None
+
+
+LAST_VERIFY = _LastVerify()
+
+
+def keep_accept_index(result: tuple, *args: Any, **kwargs: Any) -> tuple:
+    """AFTER SGLang's ``eagle_sample`` (returns ``predict, accept_lens, accept_index``): keep the accepted nodes."""
+    LAST_VERIFY.accept_index = result[2]
+    return result
+
+
+def auto_budget_requested() -> bool:
+    return bool(os.environ.get(STEP_TIME_TABLE_ENV, ""))
+
+
+def check_auto_budget_settings(tree_width: int) -> None:
+    """``ValueError`` for a table that does not read or whose widest width is not the server's tree width."""
+    table = requested_step_time_table()
+    if table is not None and table.widths[-1] != tree_width:
+        raise ValueError(f"{STEP_TIME_TABLE_ENV}: the table's widest width {table.widths[-1]} must be the server's "
+                         f"--speculative-num-draft-tokens {tree_width} (the tree the drafter builds)")  # fmt: skip
+
+
+class AutoBudget:
+    """One worker's per-step widths: the policy's choice, the accepted nodes it is told, the widths' tally."""
+
+    def __init__(self, policy: BudgetPolicy) -> None:
+        self.policy = policy
+        self.steps_per_width = {width: 0 for width in policy.widths}
+        AUTO_BUDGET_STATS.append(self)
+
+    @classmethod
+    def from_environment(cls, tree_width: int, device: torch.device | str) -> Optional["AutoBudget"]:
+        """The auto budget of a server started with a step time table, else None (a fixed budget)."""
+        check_auto_budget_settings(tree_width)
+        table = requested_step_time_table()
+        if table is None:
+            return None
+        return cls(BudgetPolicy(table, table.widths, device=device))
+
+    def next_width(self) -> int:
+        width = self.policy.width()
+        self.steps_per_width[width] += 1
+        return width
+
+    def observe(self, path_logprob: Optional[torch.Tensor], width: int) -> None:
+        """After a verify of ``width`` nodes per request; ``path_logprob`` of the widest tree, None without one."""
+        accept_index = LAST_VERIFY.accept_index
+        LAST_VERIFY.accept_index = None
+        if path_logprob is None or accept_index is None:
+            return
+        drafts = accept_index[:, 1:].long()
+        nodes = torch.where(drafts >= 0, drafts % width, -1)  # node ids in pop order, root 0
+        self.policy.observe(path_logprob, width, nodes)
+
+    def report(self) -> dict[str, Any]:
+        return {"widths": self.policy.widths, "steps": [self.steps_per_width[w] for w in self.policy.widths],
+                "table": os.environ.get(STEP_TIME_TABLE_ENV, "")}  # fmt: skip
+
+
+AUTO_BUDGET_STATS: list[AutoBudget] = []
+
+
+def auto_budget_report() -> Optional[dict[str, Any]]:
+    """For ``/server_info``: the widths a ``--budget auto`` worker of this process verified, step counts per width."""
+    return AUTO_BUDGET_STATS[0].report() if AUTO_BUDGET_STATS else None
+
+
+def register(registry: Any, hook_type: Any) -> None:
+    registry.register(EAGLE_SAMPLE, keep_accept_index, hook_type.AFTER)
