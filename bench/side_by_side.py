@@ -362,14 +362,18 @@ def tokenized_prompts(rows: list[dict], model_path: str) -> list[dict]:
 
 
 def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
-    """Launcher arguments per configuration name (DDTree once per budget)."""
+    """Launcher arguments per configuration name (DDTree once per budget; ``auto`` as ``ddtree auto``)."""
     common = ["--model-path", args.model_path, "--tp", str(args.tp)]
     drafter = ["--draft-model-path", args.draft_model_path] if args.draft_model_path else []
     configs = {}
     for algo in args.algos:
         if algo == "ddtree":
             for budget in args.budgets:
-                configs[f"ddtree B={budget}"] = ["--algo", "ddtree", *common, *drafter, "--budget", str(budget)]
+                if budget == "auto":
+                    configs["ddtree auto"] = ["--algo", "ddtree", *common, *drafter, "--budget", "auto",
+                                              "--step-time-table", args.step_time_table]  # fmt: skip
+                else:
+                    configs[f"ddtree B={budget}"] = ["--algo", "ddtree", *common, *drafter, "--budget", str(budget)]
         else:
             configs[algo] = ["--algo", algo, *common, *(drafter if algo == "dflash" else [])]
     return configs
@@ -400,7 +404,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--draft-model-path")
     parser.add_argument("--algos", type=lambda s: s.split(","), default=list(ALGORITHMS))
-    parser.add_argument("--budgets", type=int_list, default=[32], help="DDTree budgets (one configuration each)")
+    parser.add_argument("--budgets", type=budget_list, default=[32],
+                        help="DDTree budgets (one configuration each); 'auto' needs --step-time-table")
+    parser.add_argument("--step-time-table", help="the table of the 'ddtree auto' configuration (launcher flag)")
     parser.add_argument("--concurrency", type=int_list, default=[1, 4, 16])
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
@@ -431,13 +437,24 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("dflash and ddtree need --draft-model-path")
     if any("=" not in item for item in args.url):
         parser.error("--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'")
-    if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(args.budgets) < 1:
+    fixed_budgets = [b for b in args.budgets if b != "auto"]
+    if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(fixed_budgets, default=1) < 1:
         parser.error("--concurrency and --budgets take positive integers")
+    if ("auto" in args.budgets) != bool(args.step_time_table):
+        parser.error("--budgets auto and --step-time-table go together")
     if {key.split()[0] for key in args.simulate_tau} - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
     if "random" in args.datasets and (args.num_prompts < 1 or args.random_prompt_len < 1):
         parser.error("--datasets random needs --num-prompts and --random-prompt-len of at least 1")
     return args, shared
+
+
+def budget_list(text: str) -> list:
+    """argparse type: comma-separated budgets, integers or ``auto``, e.g. ``16,32,auto``."""
+    items = [item for item in text.split(",") if item]
+    if not all(item == "auto" or item.lstrip("-").isdigit() for item in items):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of budgets (integers or auto)")
+    return [item if item == "auto" else int(item) for item in items]
 
 
 def simulated_taus(text: str) -> dict[str, float]:

@@ -3,7 +3,8 @@
     python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
         [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
         [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] [--sync-debug] [--trace-steps 0]
-        [--ab-env NAME=VALUE] --out DIR [-- shared SGLang server flags ...]
+        [--ab-env NAME=VALUE] [--widths 1,2,4,8,16,33 [--write-step-table FILE]] --out DIR
+        [-- shared SGLang server flags ...]
 
 Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
 a warm-up at that batch size:
@@ -30,6 +31,12 @@ with the GPU (torch's sync debug mode).
 with that variable in its server's environment: a switch's before/after in one run (e.g.
 ``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0``).
 
+``--widths 1,2,...,W`` also measures DDTree at each verify width ``w`` as ``--budget auto`` runs it (``ddtree W=w``:
+an auto server whose table makes every step verify ``w`` nodes of the widest tree, ``W``; at ``w = 1`` the
+policy's probe still drafts every 16th step, at width 2). ``--write-step-table FILE`` writes those cells' step
+wall times as the ``--step-time-table`` of ``--budget auto`` (``{"widths", "batch_sizes", "step_ms"}`` plus
+where they were measured).
+
 Writes ``step_profile.json`` (every number, the traces' paths, the commands) and ``step_profile.md`` after
 every configuration; the traces stay under ``DIR/traces``.
 """
@@ -52,6 +59,7 @@ from bench.side_by_side import (
     WARMUP_PROMPTS,
     RequestRecord,
     _device_name,
+    budget_list,
     configurations,
     refused_configuration,
     run_cell,
@@ -213,7 +221,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--draft-model-path")
     parser.add_argument("--algos", type=lambda s: s.split(","), default=["ar", "dflash", "ddtree"])
-    parser.add_argument("--budgets", type=int_list, default=[16, 32, 64])
+    parser.add_argument("--budgets", type=budget_list, default=[16, 32, 64])
+    parser.add_argument("--step-time-table", help="the table of a 'ddtree auto' configuration (--budgets ...,auto)")
+    parser.add_argument("--widths", type=int_list, default=[],
+                        help="also measure DDTree at each of these verify widths (ascending from 1; the last is the "
+                        "tree the drafter builds), as --budget auto runs them")  # fmt: skip
+    parser.add_argument("--write-step-table", help="write the --widths cells as a --budget auto step time table")
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -240,6 +253,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("dflash and ddtree need --draft-model-path")
     if set(args.simulate_tau) - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
+    if ("auto" in args.budgets) != bool(args.step_time_table):
+        parser.error("--budgets auto and --step-time-table go together")
+    if args.widths and (args.widths != sorted(set(args.widths)) or args.widths[0] != 1 or "ddtree" not in args.algos):
+        parser.error("--widths must ascend from 1 (the last is the drafted tree), with ddtree among --algos")
+    if args.write_step_table and not args.widths:
+        parser.error("--write-step-table needs --widths")
     if not args.batch_sizes or min(args.batch_sizes) < 1 or args.trace_steps == 1 or args.trace_steps < 0 \
             or args.max_new_tokens < 2:
         parser.error("--batch-sizes take positive integers, --trace-steps 0 (no trace) or at least 2, "
@@ -260,6 +279,32 @@ def with_ab_variants(configs: dict[str, list[str]], ab_env: list[str]) -> dict[s
     return out
 
 
+def forced_width_configurations(args: argparse.Namespace, out: Path) -> dict[str, list[str]]:
+    """``ddtree W=w`` for each ``--widths`` entry: a ``--budget auto`` server whose table (written under ``out``)
+    prices ``w`` at 1 ms a step and every other width at a million, so that every step verifies ``w`` nodes."""
+    tables = out / "forced_widths"
+    tables.mkdir(parents=True, exist_ok=True)
+    configs = {}
+    for width in args.widths:
+        row = [1.0 if w == width else 1e6 for w in args.widths]
+        table = tables / f"width_{width}.json"
+        table.write_text(json.dumps({"widths": args.widths, "batch_sizes": [1], "step_ms": [row]}))
+        configs[f"ddtree W={width}"] = ["--algo", "ddtree", "--model-path", args.model_path, "--tp", str(args.tp),
+                                        "--draft-model-path", args.draft_model_path, "--budget", "auto",
+                                        "--step-time-table", str(table)]  # fmt: skip
+    return configs
+
+
+def step_time_table(report: dict, widths: list[int], batch_sizes: list[int]) -> dict:
+    """The ``ddtree W=w`` cells' step wall milliseconds as ``--budget auto``'s table, with their provenance."""
+    wall = {(c["config"], c["batch"]): c["step_wall_ms"] for c in report["cells"]}
+    rows = [[wall[f"ddtree W={w}", bs] for w in widths] for bs in batch_sizes]
+    meta = report["meta"]
+    return {"widths": widths, "batch_sizes": batch_sizes, "step_ms": rows,
+            "measured": {"by": "python -m bench.step_profile --widths", "date": meta["date"],
+                         "commit": meta["commit"], "gpu": meta["gpu"], "model_path": meta["model_path"]}}  # fmt: skip
+
+
 def server_env(config: str, args: argparse.Namespace, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Environment of one configuration's server: DDTree's phase timer, the host-timed ranges, the sync debug
     mode when asked, the simulated acceptance asked for that algorithm and the variant's own variables."""
@@ -276,13 +321,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     from bench import prompts as prompt_sets
 
     args, shared = parse_args(sys.argv[1:] if argv is None else argv)
-    configs = configurations(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    configs = {**configurations(args), **forced_width_configurations(args, out)}
     refused = refused_configuration(configs, shared)
     if refused:
         print(f"python -m bench.step_profile: error: {refused}", file=sys.stderr)
         sys.exit(2)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     rows = [row for name in args.datasets for row in prompt_sets.load([name], args.wheel_dir)]
     prompts = tokenized_prompts(rows[: 2 * max(args.batch_sizes)], args.model_path)
     warm = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
@@ -302,6 +347,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                 report["cells"].append(profile_cell(url, config, prompts, batch, args, out, phases))
         (out / "step_profile.json").write_text(json.dumps(report, indent=1))
         (out / "step_profile.md").write_text(markdown(report))
+    if args.write_step_table:
+        Path(args.write_step_table).write_text(json.dumps(step_time_table(report, args.widths, args.batch_sizes), indent=1))
     print((out / "step_profile.md").read_text())
 
 

@@ -110,22 +110,11 @@ def simulation_report() -> Optional[dict[str, Any]]:
 def best_branch_accept_index(next_token: torch.Tensor, length: Union[int, torch.Tensor], width: int) -> torch.Tensor:
     """``[bs, width]`` flat node indices (``b * N + node``) of each tree's first ``length`` nodes (one length, or
     ``[bs]`` on the device) along its first-child chain from the root, ``-1`` past the end of the chain or of the
-    length."""
-    bs, num_nodes = next_token.shape
-    rows = torch.arange(bs, device=next_token.device)
-    index = torch.full((bs, width), -1, dtype=torch.int32, device=next_token.device)
-    index[:, 0] = rows * num_nodes
-    node = torch.zeros(bs, dtype=torch.long, device=next_token.device)
-    alive = torch.ones(bs, dtype=torch.bool, device=next_token.device)
-    per_request = isinstance(length, torch.Tensor)
-    for depth in range(1, width if per_request else min(length, width)):
-        child = next_token[rows, node].long()
-        alive &= child >= 0
-        if per_request:
-            alive &= length > depth
-        node = torch.where(alive, child, node)
-        index[:, depth] = torch.where(alive, rows * num_nodes + node, -1).to(torch.int32)
-    return index
+    length: one kernel launch (``kernels/tree_branch.py``), so a simulated step spends no host time a real one
+    does not."""
+    from sglang_ddtree.kernels.tree_branch import first_child_branch
+
+    return first_child_branch(next_token, length, width)
 
 
 def simulate_acceptance_along_the_best_branch(original: Callable[..., torch.Tensor], **kwargs: Any) -> torch.Tensor:

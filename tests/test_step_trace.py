@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -138,6 +139,9 @@ def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
         (["--algos", "ar", "--simulate-tau", "ddtree=0.5"], "a mean acceptance length is at least 1"),
         (["--algos", "ar", "--ab-env", "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"], "--ab-env takes NAME=VALUE"),
         (["--algos", "ar", "--ab-env", "=0"], "--ab-env takes NAME=VALUE"),
+        (["--algos", "ar", "--widths", "1,4"], "--widths must ascend from 1 (the last is the drafted tree), with ddtree"),
+        (["--algos", "ddtree", "--draft-model-path", "d", "--widths", "2,4"], "--widths must ascend from 1"),
+        (["--algos", "ar", "--write-step-table", "t.json"], "--write-step-table needs --widths"),
     ],
 )
 def test_bad_arguments_are_refused_in_one_line(argv, message, capsys):
@@ -172,6 +176,29 @@ def test_an_ab_variable_measures_each_ddtree_configuration_again_with_it_set():
     assert step_profile.server_env("ddtree B=32 SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0", args, extra) == {
         "SGLANG_DDTREE_PROFILE_STEPS": "1", "SGLANG_DDTREE_TRACE_RANGES": "1",
         "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN": "0"}  # fmt: skip
+
+
+def test_each_width_is_measured_by_an_auto_server_forced_to_it_and_the_cells_make_the_auto_table(tmp_path):
+    """``--widths``: one ``ddtree W=w`` server per width, whose table leaves no other choice (checked against the
+    policy itself); ``--write-step-table``'s file is what ``--budget auto`` loads."""
+    from sglang_ddtree.budget_policy import BudgetPolicy, load_step_time_table
+
+    args = step_profile.parse_args(["--model-path", "m", "--draft-model-path", "d", "--out", "o", "--algos", "ddtree",
+                                    "--widths", "1,4,9", "--write-step-table", "t.json"])[0]  # fmt: skip
+    configs = step_profile.forced_width_configurations(args, tmp_path)
+    assert list(configs) == ["ddtree W=1", "ddtree W=4", "ddtree W=9"]
+    for width, launch_args in zip((1, 4, 9), configs.values()):
+        assert launch_args[-4:-1] == ["--budget", "auto", "--step-time-table"]
+        table = load_step_time_table(launch_args[-1])
+        policy = BudgetPolicy(table, table.widths, decisions_in_flight=0, probe_interval=10**6)
+        policy.observe(torch.full((8, 8), -0.01), 9, torch.full((8, 8), -1))  # confident trees of 8 nodes
+        assert table.widths == [1, 4, 9] and policy.width() == width
+    cells = [{"config": f"ddtree W={w}", "batch": bs, "step_wall_ms": 1.0 + w + 10 * bs} for w in (1, 4, 9)
+             for bs in (1, 8)]  # fmt: skip
+    report = {"meta": {"date": "d", "commit": "c", "gpu": "H200", "model_path": "m"}, "cells": cells}
+    (tmp_path / "auto.json").write_text(json.dumps(step_profile.step_time_table(report, [1, 4, 9], [1, 8])))
+    written = load_step_time_table(str(tmp_path / "auto.json"))
+    assert written.row(1).tolist() == [12.0, 15.0, 20.0] and written.row(8).tolist() == [82.0, 85.0, 90.0]
 
 
 def test_a_simulated_cell_says_so_in_the_report():

@@ -377,3 +377,24 @@ def test_a_bonus_only_tree_has_the_reference_verify_tensors_of_a_tree_without_no
             assert bool(tensor.all()) and tensor.numel() >= value.numel()
             tensor = tensor[: value.numel()]
         assert torch.equal(tensor, value.to(tensor.dtype)), name
+
+
+@pytest.mark.parametrize("per_request", [False, True])
+def test_the_first_child_branch_kernel_walks_each_trees_chain_as_the_plain_loop_does(per_request):
+    """The simulation's commit (``kernels/tree_branch.py``) on real trees, against a Python walk of each chain."""
+    from sglang_ddtree.kernels.tree_branch import first_child_branch
+
+    _, _, (parent, token, node_depth, _) = reference_tree(6, 7, 1000, 32, "peaked", seed=3)
+    seq = torch.tensor([5, 1, 9, 2, 7, 3])
+    next_token = reference_verify_tensors(parent, token, node_depth, torch.arange(6), seq)["retrieve_next_token"]
+    lengths = torch.tensor([1, 3, 8, 2, 5, 4])
+    length = lengths.to(DEVICE) if per_request else 5
+    got = first_child_branch(next_token.to(DEVICE), length, width=8).cpu()
+    num_nodes = next_token.shape[1]
+    for b in range(6):
+        expected, node = [b * num_nodes], 0
+        cut = int(lengths[b]) if per_request else 5
+        while len(expected) < min(cut, 8) and int(next_token[b, node]) >= 0:
+            node = int(next_token[b, node])
+            expected.append(b * num_nodes + node)
+        assert got[b].tolist() == expected + [-1] * (8 - len(expected)), b
