@@ -30,6 +30,8 @@ minimum), dots in IEEE fp32.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -55,7 +57,7 @@ def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
 def _gdn_tree_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     h0_ptr, h0_indices_ptr, stride_h0, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, o_ptr,
-    scale, softplus_beta, softplus_threshold, T,
+    scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -106,7 +108,7 @@ def _gdn_tree_verify_kernel(
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
 
     ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
-    off_u, off_g, off_k, off_p = _workspace_offsets(T, HV, K, V)
+    off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
     tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
     tl.store(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
     if i_v == 0:
@@ -142,9 +144,10 @@ def _gdn_tree_commit_kernel(
         b_G = tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0)
         g_node = tl.sum(tl.where(rows == node, b_G, 0.0), 0)
         weight = tl.exp(tl.where(on_path, g_node - b_G, float("-inf")))
+        # Only the path's rows: past the verified tree's width the rows hold whatever an earlier verify left.
         b_u = tl.load(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
-                      mask=valid[:, None] & mask_v[None, :], other=0)  # fmt: skip
-        b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=valid[:, None], other=0)
+                      mask=on_path[:, None] & mask_v[None, :], other=0)  # fmt: skip
+        b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=on_path[:, None], other=0)
         b_h0 = tl.load(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0)
         b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weight[:, None] * b_u, input_precision="ieee")
         slot = tl.load(dst_indices_ptr + i_n).to(tl.int64)
@@ -173,24 +176,31 @@ def gdn_tree_verify(
     scale: float,
     softplus_beta: float = 1.0,
     softplus_threshold: float = 20.0,
+    capacity: Optional[int] = None,
 ) -> torch.Tensor:
     """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
     (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
-    workspace_indices[n]]`` (float32, contiguous, at least :func:`workspace_numel` elements per row)."""
+    workspace_indices[n]]`` (float32, contiguous, at least :func:`workspace_numel` elements per row), laid out
+    for trees of ``capacity`` nodes (default ``T``): the layout :func:`gdn_tree_commit` reads with the same
+    ``T``, so that a server whose steps verify trees of different widths (``--budget auto``) commits from one
+    layout, its widest."""
     bs, T, H, K = q.shape
+    layout = T if capacity is None else capacity
+    if layout < T:
+        raise ValueError(f"gdn_tree_verify: a workspace laid out for {layout} nodes cannot hold a tree of {T}")
     HV, V = v.shape[2], v.shape[3]
     if K != triton.next_power_of_2(K) or K < 16 or HV % H:
         raise ValueError(f"gdn_tree_verify needs a power-of-two key dim >= 16 and HV a multiple of H, got K={K}, "
                          f"H={H}, HV={HV}")  # fmt: skip
     row = workspace[0].numel()
-    if workspace.dtype != torch.float32 or not workspace.is_contiguous() or row < workspace_numel(T, HV, K, V):
-        raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(T, HV, K, V)} "
+    if workspace.dtype != torch.float32 or not workspace.is_contiguous() or row < workspace_numel(layout, HV, K, V):
+        raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(layout, HV, K, V)} "
                          f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
     o = torch.empty_like(v)
     _gdn_tree_verify_kernel[(triton.cdiv(V, _BV), bs * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), A_log, dt_bias,
         ssm_states, cache_indices, ssm_states.stride(0), parents.contiguous(), workspace, workspace_indices, row, o,
-        scale, softplus_beta, softplus_threshold, T, H=H, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=_BV,
+        scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=_BV,
     )  # fmt: skip
     return o
 
@@ -200,7 +210,8 @@ def gdn_tree_commit(
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
     path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
-    requests, ...]`` as :func:`gdn_tree_verify` filled it for trees of ``T`` nodes)."""
+    requests, ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``;
+    the tree verified may have had fewer, the nodes of its paths are all below ``T``)."""
     layers, _, HV, V, K = dst.shape
     grid = (triton.cdiv(V, _BV), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](

@@ -64,7 +64,7 @@ def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispa
         q.view(bs, T, *q.shape[2:]), k.view(bs, T, *k.shape[2:]), v.view(bs, T, *v.shape[2:]),
         a.view(bs, T, -1), b.view(bs, T, -1), A_log, dt_bias, kwargs["ssm_states"], kwargs["cache_indices"][:bs],
         parents, snapshots.view(snapshots.shape[0], -1), kwargs["intermediate_state_indices"][:bs],
-        scale=q.shape[-1] ** -0.5,
+        scale=q.shape[-1] ** -0.5, capacity=snapshots.shape[1],
     )  # fmt: skip
     _counts["layer_verifies"] += 1
     return out.view_as(v)
@@ -77,8 +77,8 @@ def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Te
 
     if not _serving_ddtree() or not _float32_state(src):
         return original(dst, src, dst_indices_raw, step_indices_raw)
-    layers, requests, T = src.shape[:3]
-    gdn_tree_commit(dst, src.view(layers, requests, -1), dst_indices_raw, step_indices_raw, T)
+    layers, requests, capacity = src.shape[:3]  # the layout every verify wrote, whatever its tree's width
+    gdn_tree_commit(dst, src.view(layers, requests, -1), dst_indices_raw, step_indices_raw, capacity)
     _counts["commits"] += 1
     return None
 

@@ -56,19 +56,22 @@ def layer_inputs(bs: int, T: int, seed: int, gating: str) -> dict:
     }  # fmt: skip
 
 
-def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor) -> tuple:
+def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor, capacity: int) -> tuple:
     """The kernel's outputs and the workspace it filled (one row per request, in an SGLang-sized buffer of
-    per-node snapshots, as the DDTREE hook uses it)."""
-    bs, T = parents.shape
-    workspace = torch.full((bs, T, HV, V, K), float("nan"), device=DEVICE)
+    per-node snapshots for trees of ``capacity`` nodes, as the DDTREE hook uses it)."""
+    bs = parents.shape[0]
+    workspace = torch.full((bs, capacity, HV, V, K), float("nan"), device=DEVICE)
     out = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
                           parents=parents.to(torch.int32).to(DEVICE), workspace=workspace,
-                          workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5)  # fmt: skip
+                          workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5,
+                          capacity=capacity)  # fmt: skip
     return out, workspace
 
 
-def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0) -> None:
+def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0, capacity: int = 0) -> None:
+    """``capacity``: the widest tree the workspace is laid out for (0: this tree's own width)."""
     bs, T = len(parents_per_request), len(parents_per_request[0])
+    capacity = capacity or T
     parents = torch.tensor(parents_per_request)
     inputs = layer_inputs(bs, T, seed, gating)
     initial = torch.randn(bs, HV, V, K, generator=torch.Generator().manual_seed(seed + 1))
@@ -80,7 +83,7 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     pool[slots] = initial
     untouched = pool.clone()
     pool_d, slots_d = pool.to(DEVICE), slots.to(DEVICE)
-    out, workspace = verify(inputs, pool_d, slots_d, parents)
+    out, workspace = verify(inputs, pool_d, slots_d, parents, capacity)
     torch.testing.assert_close(out.cpu(), want_out, **TOLERANCE)
     assert torch.equal(pool_d.cpu(), untouched)  # the verify writes no state
 
@@ -90,8 +93,9 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     track_node = torch.full((bs,), -1)
     track_node[-1] = int(torch.randint(0, T, (1,), generator=torch.Generator().manual_seed(seed + 4)))
     last = torch.randint(0, T, (bs,), generator=torch.Generator().manual_seed(seed + 5))
-    gdn_tree_commit(pool_d[None], workspace[None], torch.full((bs,), spare, device=DEVICE), track_node.to(DEVICE), T)
-    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), T)
+    gdn_tree_commit(pool_d[None], workspace[None], torch.full((bs,), spare, device=DEVICE), track_node.to(DEVICE),
+                    capacity)  # fmt: skip
+    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), capacity)
     committed = pool_d.cpu()
     torch.testing.assert_close(committed[slots], want_states[torch.arange(bs), last], **TOLERANCE)
     torch.testing.assert_close(committed[spare], want_states[-1, track_node[-1]], **TOLERANCE)
@@ -101,6 +105,14 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
 @pytest.mark.parametrize("T", [2, 5, 17, 33])  # a DDTree verifies its root and at least one node
 def test_every_node_gets_its_paths_recurrence_and_the_commit_its_state(shape, T):
     run([shape(T), shape(T)], seed=T)
+
+
+def test_a_narrower_tree_verified_in_a_workspace_laid_out_for_the_widest_commits_the_same_states():
+    """``--budget auto``: a step may verify 5 of the 33 nodes SGLang's buffer holds per request; verify and commit
+    share the widest tree's layout, whatever the step's width, so any step's commit reads what its verify wrote
+    (and the unwritten rows past the tree, NaN here, are never read)."""
+    run([bushy(5, seed=1), chain(5)], capacity=33)
+    run([star(2)], capacity=9)
 
 
 @pytest.mark.parametrize("gating", ["keep", "forget"])
@@ -119,7 +131,7 @@ def test_commit_of_the_root_alone_is_one_recurrence_step():
     initial = torch.randn(1, HV, V, K)
     _, states = reference_gdn_tree_verify(**inputs, initial_states=initial, parents=parents, scale=K**-0.5)
     pool, slots = initial.clone().to(DEVICE), torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    _, workspace = verify(inputs, pool, slots, parents)
+    _, workspace = verify(inputs, pool, slots, parents, parents.shape[1])
     gdn_tree_commit(pool[None], workspace[None], slots, torch.zeros(1, dtype=torch.int64, device=DEVICE), 9)
     torch.testing.assert_close(pool.cpu()[0], states[0, 0], **TOLERANCE)
 
@@ -167,7 +179,7 @@ def test_outputs_and_committed_state_equal_sglangs_snapshot_tree_verify():
         intermediate_states_buffer=snapshots, intermediate_state_indices=torch.arange(bs, device=DEVICE),
         cache_steps=T, retrieve_parent_token=parents.to(DEVICE),
     )  # fmt: skip
-    out, workspace = verify({n: t.cpu() for n, t in inputs.items()}, pool, slots, parents)
+    out, workspace = verify({n: t.cpu() for n, t in inputs.items()}, pool, slots, parents, T)
     torch.testing.assert_close(out, sglang_out.view(bs, T, HV, V), **TOLERANCE)
     last = torch.tensor([16, 9], device=DEVICE)
     gdn_tree_commit(pool[None], workspace[None], slots, last, T)
