@@ -6,8 +6,8 @@ width 1 skips the drafter and verifies the bonus token alone (the committed toke
 the draft KV cache, so the drafter can resume at any later step). The policy learns from the accepted nodes of each
 verify, which SGLang's ``eagle_sample`` returns but ``run_eagle_verify`` does not pass on: an AFTER hook keeps them.
 
-A width narrower than the captured one runs the target's verify eagerly (SGLang's graph runner replays only its
-capture width), which is correct but not fast: graphs per width are the next step of issue 14.
+Every width of the table replays target-verify graphs of its own (``ddtree_verify_graphs``, captured by the worker
+after SGLang's graphs of the widest width).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Optional
 import torch
 
 from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV, BudgetPolicy, requested_step_time_table
+from sglang_ddtree.ddtree_verify_graphs import VerifyGraphsPerWidth
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_worker_common.eagle_sample"
 
@@ -55,6 +56,7 @@ class AutoBudget:
     def __init__(self, policy: BudgetPolicy) -> None:
         self.policy = policy
         self.steps_per_width = {width: 0 for width in policy.widths}
+        self.verify_graphs: Optional[VerifyGraphsPerWidth] = None  # set by a worker that captured them
         AUTO_BUDGET_STATS.append(self)
 
     @classmethod
@@ -82,8 +84,11 @@ class AutoBudget:
         self.policy.observe(path_logprob, width, nodes)
 
     def report(self) -> dict[str, Any]:
-        return {"widths": self.policy.widths, "steps": [self.steps_per_width[w] for w in self.policy.widths],
-                "table": os.environ.get(STEP_TIME_TABLE_ENV, "")}  # fmt: skip
+        report = {"widths": self.policy.widths, "steps": [self.steps_per_width[w] for w in self.policy.widths],
+                  "table": os.environ.get(STEP_TIME_TABLE_ENV, "")}  # fmt: skip
+        if self.verify_graphs is not None:
+            report.update(self.verify_graphs.report())
+        return report
 
 
 AUTO_BUDGET_STATS: list[AutoBudget] = []

@@ -18,7 +18,8 @@ Per decode step, for a batch of requests with independent trees:
    cache, as DFlash does for its chain.
 
 Under ``--budget auto`` (``ddtree_auto_budget``) each step verifies the best tree of the width the policy chose,
-a prefix of the drafted widest tree's pop order; width 1 skips steps 1-2 and verifies the bonus token alone.
+a prefix of the drafted widest tree's pop order; width 1 skips steps 1-2 and verifies the bonus token alone. Each
+width replays its own target-verify graphs (``ddtree_verify_graphs``), captured after SGLang's.
 
 Under a torch profiler each phase is a ``ddtree.<function>`` range (``ddtree_trace_ranges.traced_range``: one flag
 check otherwise; host-timed under ``SGLANG_DDTREE_TRACE_RANGES=1``), as SGLang marks its scheduler's functions.
@@ -54,6 +55,7 @@ from sglang_ddtree.ddtree_simulation import CURRENT_TREE, check_simulation_setti
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.ddtree_trace_ranges import traced_range
+from sglang_ddtree.ddtree_verify_graphs import VerifyGraphsPerWidth, capture_verify_graphs
 from sglang_ddtree.flashinfer_tree_plan import verify_planned_from_host_lengths
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
@@ -93,6 +95,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._cuda_graphs = not server_args.disable_cuda_graph
         self._plans_from_host_lengths = False  # decided in init_attention_backends, once the target's exist
         self._auto_budget = AutoBudget.from_environment(self.tree_width, self.device)  # None: a fixed budget
+        self._verify_graphs: Optional[VerifyGraphsPerWidth] = None  # captured in init_cuda_graphs under auto
         self._simulating = simulated_acceptance_mean() > 0
         check_simulation_settings(simulated_acceptance_mean())
         if self._simulating:
@@ -106,6 +109,18 @@ class DDTreeWorker(DFlashWorkerV2):
         self._plans_from_host_lengths = verify_planned_from_host_lengths(
             getattr(self.target_worker.model_runner, "attn_backend", None), self._cuda_graphs
         )
+
+    def init_cuda_graphs(self) -> None:
+        """The drafter's graphs (DFlash's), then, under ``--budget auto``, the target's verify graphs of every
+        other width of the step time table: SGLang has captured the target's own graphs (at the widest width)
+        before this call (``Scheduler.init_all_cuda_graphs``)."""
+        super().init_cuda_graphs()
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+        target_runner = self.target_worker.model_runner
+        if self._auto_budget is not None and isinstance(target_runner.decode_cuda_graph_runner, DecodeCudaGraphRunner):
+            self._verify_graphs = capture_verify_graphs(target_runner, self._auto_budget.policy.widths)
+            self._auto_budget.verify_graphs = self._verify_graphs
 
     def _maybe_build_draft_sampler(self) -> DDTreeDraftHead:
         """Called before the draft graphs are captured: DFlash folds the returned callable into their tail
@@ -162,7 +177,7 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._simulating:
             CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
-        with traced_range("run_eagle_verify"):
+        with traced_range("run_eagle_verify"), self._verifying(width):
             result = run_eagle_verify(
                 batch,
                 target_worker=self.target_worker,
@@ -181,6 +196,8 @@ class DDTreeWorker(DFlashWorkerV2):
         timer.mark()
         if self._auto_budget is not None:
             self._auto_budget.observe(drafted.path_logprob if drafted is not None else None, width)
+            if self._verify_graphs is not None:
+                self._verify_graphs.record(width, result.can_run_cuda_graph)
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         with traced_range("_append_committed_to_draft_kv"):
@@ -193,6 +210,13 @@ class DDTreeWorker(DFlashWorkerV2):
             bonus_tokens=result.next_draft_input.bonus_tokens, new_seq_lens=result.new_seq_lens
         )
         return result
+
+    def _verifying(self, width: int) -> contextlib.AbstractContextManager:
+        """The target's verify graphs and attention backend of ``width`` for the verify (the server's own at its
+        capture width, and wherever no graphs were captured)."""
+        if self._verify_graphs is None:
+            return contextlib.nullcontext()
+        return self._verify_graphs.verifying(width)
 
     def _tree_to_verify(
         self, drafted: Optional[DraftTree], width: int, batch: ScheduleBatch, draft_input: DFlashDraftInputV2
@@ -275,11 +299,16 @@ class DDTreeWorker(DFlashWorkerV2):
         upper-bound version failed the GPU suite, tests/gpu/RESULTS.md run 38). So the step reads the device
         lengths once, here, where the GPU has finished the previous step's verify or is about to: FlashInfer's
         plans would otherwise read them back twice per step (the draft block's and the verify's, the latter
-        after the draft forward). Only where that plan runs (FlashInfer, CUDA graphs, the captured width).
+        after the draft forward). Only where that plan runs (FlashInfer, CUDA graphs, a width with verify graphs).
         """
-        if not self._plans_from_host_lengths or width != self.tree_width:
+        if not self._plans_from_host_lengths or not self._has_verify_graph(width):
             return None
         return (batch.seq_lens + width).to("cpu", torch.int32)
+
+    def _has_verify_graph(self, width: int) -> bool:
+        if self._verify_graphs is not None:
+            return self._verify_graphs.has_graph(width)
+        return width == self.tree_width
 
     def _seq_lens_upper_bound(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2) -> int:
         """Size for the FULL tree mask without reading the device lengths: the reserved lengths bound them."""

@@ -4,7 +4,8 @@ Tiny random models with a 64-token vocabulary (``tests/tiny_models.py``: ``qwen3
 8), so that the random drafter's trees are often accepted beyond their root. Each backend gets an AR server and
 three DDTree servers, all with the radix cache off: budget 16 with CUDA graphs plus the graph-vs-eager verify
 check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), budget 16 without CUDA graphs, and ``--budget auto`` with graphs
-(a step time table under which it verifies bonus-only, narrow and widest trees).
+and the same check (a step time table under which it verifies bonus-only, narrow and widest trees, each width
+through verify graphs of its own).
 
 Exactness in bfloat16 is judged by AR's top-2 margin at the first differing token (``lossless.py``); token
 identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
@@ -36,6 +37,10 @@ pytestmark = pytest.mark.gpu
 
 MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
 BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
+# A short GPU call may start only some servers (e.g. "ar,ddtree_auto") and select the tests that use them with -k;
+# a test of a server that was not started fails.
+ALL_SERVERS = "ar,ddtree_graphs,ddtree_eager,ddtree_auto"
+SERVER_KINDS = [k for k in os.environ.get("GPU_SUITE_DDTREE_SERVERS", ALL_SERVERS).split(",") if k]
 BUDGET = 16
 CONCURRENT = 16
 NEW_TOKENS = 320  # several KV reservation rounds per request (block 8 -> 2 x 17 slots reserved per step)
@@ -54,7 +59,7 @@ SERVERS = {
     "ar": (["--algo", "ar"], {}),
     "ddtree_graphs": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "ddtree_eager": (["--algo", "ddtree", "--disable-cuda-graph"], {}),
-    "ddtree_auto": (["--algo", "ddtree"], {}),
+    "ddtree_auto": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
 }
 AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
 # Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
@@ -88,13 +93,13 @@ def servers(tmp_path_factory):
         record({"test": "ddtree_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
         return (kind, backend), url
 
-    combos = [(kind, backend) for backend in BACKENDS for kind in SERVERS]
+    combos = [(kind, backend) for backend in BACKENDS for kind in SERVER_KINDS]
     with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
         yield dict(pool.map(lambda combo: start(stack, *combo), combos))
 
 
 def url_of(servers, kind: str, backend: str) -> str:
-    url = servers[kind, backend]
+    url = servers.get((kind, backend), f"{kind} on {backend}: not started (GPU_SUITE_DDTREE_SERVERS)")
     assert url.startswith("http://"), url
     return url
 
@@ -122,10 +127,25 @@ def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_out
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0
     if kind == "ddtree_auto":
-        auto = http_json(url + "/server_info")["internal_states"][0]["ddtree_budget_auto"]
-        record({"test": "ddtree_auto_widths", "backend": backend, **auto})
-        assert sum(steps > 0 for steps in auto["steps"]) >= 2, auto
+        assert_every_width_replayed_its_own_graphs(url, backend)
     assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend], got, kind)
+
+
+def assert_every_width_replayed_its_own_graphs(url: str, backend: str) -> None:
+    """Under --budget auto each width's verifies replay graphs captured for that width (no batch here exceeds the
+    captured batch sizes), and each replay equals an eager re-run of the same verify."""
+    state = http_json(url + "/server_info")["internal_states"][0]
+    auto, check = state["ddtree_budget_auto"], state["ddtree_graph_verify_check"]
+    record({"test": "ddtree_auto_widths", "backend": backend, **auto, "graph_check": check,
+            "plans": state.get("ddtree_flashinfer_plans")})  # fmt: skip
+    assert sum(steps > 0 for steps in auto["steps"]) >= 2, auto
+    assert auto["graph_widths"] == AUTO_WIDTHS, auto
+    assert auto["graph_replays"] == auto["steps"], auto
+    assert check["verifies"] == sum(auto["graph_replays"]), (check, auto)
+    assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
+    assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
+    if backend == "flashinfer":  # every width's replays were planned without reading the device
+        assert state["ddtree_flashinfer_plans"]["sync_free_plans"] >= check["verifies"], state["ddtree_flashinfer_plans"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

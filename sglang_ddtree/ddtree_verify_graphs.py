@@ -1,0 +1,108 @@
+"""Target-verify CUDA graphs for every width of ``--budget auto``.
+
+SGLang's ``DecodeCudaGraphRunner`` replays one capture width (the server's ``--speculative-num-draft-tokens``) and
+refuses any other (``can_run_graph``), so without more graphs a step that verifies a narrower tree runs the target
+eagerly: on a small target that costs more than the narrower tree saves. SGLang solves the same problem for EAGLE's
+adaptive step counts (``EAGLEWorkerV2.build_adaptive_runtime_state`` / ``apply_runtime_state``): one target
+attention backend and one graph runner per shape, swapped into the target's model runner. This module does that
+for the widths of the step time table, and swaps them in for the verify of one step only (``verifying``): prefill,
+idle and the draft keep the server's own runner and backend.
+
+Each width needs its own attention backend: a backend's graph state (FlashInfer's per-batch-size wrappers and mask
+buffers, the GDN backend's per-batch-size indices) is allocated for one token count per request. The backends share
+FlashInfer's float workspace, as SGLang's target and draft backends already do: it only holds a kernel's
+temporaries, and one stream runs the widths' verifies one after another. The graph runners share SGLang's input
+buffers (``share_input_buffer`` never repoints a captured buffer) and its graph memory pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class VerifyGraphsPerWidth:
+    """A target model runner's verify graphs by tree width: its own runner at its capture width, added ones below."""
+
+    def __init__(self, target_runner: ModelRunner, added: dict[int, tuple[Any, Any]]) -> None:
+        """``added``: width -> (attention backend, graph runner) captured for that width."""
+        self.target_runner = target_runner
+        self.added = added
+        self.replays = {width: 0 for width in self.widths}
+
+    @property
+    def widths(self) -> list[int]:
+        """Every width a verify graph exists for, the server's own capture width included."""
+        return sorted({*self.added, self.target_runner.decode_cuda_graph_runner.captured_req_width})
+
+    def has_graph(self, width: int) -> bool:
+        return width in self.replays
+
+    @contextlib.contextmanager
+    def verifying(self, width: int) -> Iterator[None]:
+        """The target runner replays (or plans eagerly with) ``width``'s runner and backend inside the block."""
+        if width not in self.added:
+            yield
+            return
+        runner = self.target_runner
+        saved = runner.attn_backend, runner.decode_cuda_graph_runner
+        runner.attn_backend, runner.decode_cuda_graph_runner = self.added[width]
+        try:
+            yield
+        finally:
+            runner.attn_backend, runner.decode_cuda_graph_runner = saved
+
+    def record(self, width: int, replayed: bool) -> None:
+        """After a verify of ``width`` nodes per request; ``replayed``: it ran a graph (a host flag, no read)."""
+        if replayed and width in self.replays:
+            self.replays[width] += 1
+
+    def report(self) -> dict[str, list[int]]:
+        return {"graph_widths": self.widths, "graph_replays": [self.replays[w] for w in self.widths]}
+
+
+def capture_verify_graphs(target_runner: ModelRunner, widths: list[int]) -> VerifyGraphsPerWidth:
+    """Capture the target's verify graphs at each of ``widths`` it has none for yet (all batch sizes SGLang captures).
+
+    The caller checks that the target runner replays graphs at all (``DecodeCudaGraphRunner``).
+    """
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import get_attention_backend
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.utils import get_available_gpu_memory
+
+    own = target_runner.decode_cuda_graph_runner
+    added: dict[int, tuple[Any, Any]] = {}
+    for width in sorted(set(widths) - {own.captured_req_width}):
+        before, tic = get_available_gpu_memory(target_runner.device, target_runner.gpu_id), time.perf_counter()
+        backend = _new_attention_backend(target_runner, get_attention_backend)
+        graph_runner = DecodeCudaGraphRunner(
+            target_runner,
+            attn_backend=backend,
+            speculative_num_steps=own.speculative_num_steps,
+            speculative_num_draft_tokens=width,
+        )
+        added[width] = (backend, graph_runner)
+        after = get_available_gpu_memory(target_runner.device, target_runner.gpu_id)
+        logger.info("DDTREE verify graphs of width %d: bs=%s, %.2f s, %.3f GB", width, graph_runner.capture_bs,
+                    time.perf_counter() - tic, before - after)  # fmt: skip
+    return VerifyGraphsPerWidth(target_runner, added)
+
+
+def _new_attention_backend(target_runner: ModelRunner, get_attention_backend: Any) -> Any:
+    """A second target attention backend like the first (same kinds, FlashInfer's float workspace shared)."""
+    own = target_runner.attn_backend
+    saved = getattr(target_runner, "init_new_workspace", False)  # SGLang's builder sets it on the runner
+    try:
+        backend = get_attention_backend(model_runner=target_runner, init_new_workspace=False)
+    finally:
+        target_runner.init_new_workspace = saved
+    backend.prefill_attention_backend_str = own.prefill_attention_backend_str
+    backend.decode_attention_backend_str = own.decode_attention_backend_str
+    return backend
