@@ -6,8 +6,9 @@ width 1 skips the drafter and verifies the bonus token alone (the committed toke
 the draft KV cache, so the drafter can resume at any later step). The policy learns from the accepted nodes of each
 verify, which SGLang's ``eagle_sample`` returns but ``run_eagle_verify`` does not pass on: an AFTER hook keeps them.
 
-Every width of the table replays target-verify graphs of its own (``ddtree_verify_graphs``, captured by the worker
-after SGLang's graphs of the widest width).
+A width narrower than the captured one runs the target's verify eagerly (SGLang's graph runner replays only its
+capture width), unless ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1`` gives every width of the table target-verify graphs of
+its own (``ddtree_verify_graphs``; opt-in until the GPU suite has run it).
 """
 
 from __future__ import annotations

@@ -13,12 +13,17 @@ buffers, the GDN backend's per-batch-size indices) is allocated for one token co
 FlashInfer's float workspace, as SGLang's target and draft backends already do: it only holds a kernel's
 temporaries, and one stream runs the widths' verifies one after another. The graph runners share SGLang's input
 buffers (``share_input_buffer`` never repoints a captured buffer) and its graph memory pool.
+
+Opt-in (``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1``) until the GPU suite has shown these replays equal to eager verifies
+(tests/gpu/test_gpu_ddtree.py's ``ddtree_auto`` server turns it on); without it a narrower width verifies eagerly,
+the path the suite has passed (tests/gpu/RESULTS.md run 45).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -26,6 +31,12 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+AUTO_VERIFY_GRAPHS_ENV = "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS"
+
+
+def verify_graphs_per_width_requested() -> bool:
+    return os.environ.get(AUTO_VERIFY_GRAPHS_ENV, "0") not in ("", "0", "false", "False")
 
 
 class VerifyGraphsPerWidth:

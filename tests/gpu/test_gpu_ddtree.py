@@ -5,7 +5,7 @@ Tiny random models with a 64-token vocabulary (``tests/tiny_models.py``: ``qwen3
 three DDTree servers, all with the radix cache off: budget 16 with CUDA graphs plus the graph-vs-eager verify
 check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), budget 16 without CUDA graphs, and ``--budget auto`` with graphs
 and the same check (a step time table under which it verifies bonus-only, narrow and widest trees, each width
-through verify graphs of its own).
+through verify graphs of its own: ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1``).
 
 Exactness in bfloat16 is judged by AR's top-2 margin at the first differing token (``lossless.py``); token
 identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
@@ -30,6 +30,7 @@ from lossless import (
     generate_all,
     sampled_pvalues,
 )
+from suite_servers import prefill_graph_flags, servers_of_selected_tests
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
 
@@ -37,10 +38,6 @@ pytestmark = pytest.mark.gpu
 
 MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
 BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
-# A short GPU call may start only some servers (e.g. "ar,ddtree_auto") and select the tests that use them with -k;
-# a test of a server that was not started fails.
-ALL_SERVERS = "ar,ddtree_graphs,ddtree_eager,ddtree_auto"
-SERVER_KINDS = [k for k in os.environ.get("GPU_SUITE_DDTREE_SERVERS", ALL_SERVERS).split(",") if k]
 BUDGET = 16
 CONCURRENT = 16
 NEW_TOKENS = 320  # several KV reservation rounds per request (block 8 -> 2 x 17 slots reserved per step)
@@ -53,13 +50,14 @@ FLAGS = [
     "--mem-fraction-static", "0.06",
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
+    *prefill_graph_flags(),
     "--disable-radix-cache",
 ]  # fmt: skip
 SERVERS = {
     "ar": (["--algo", "ar"], {}),
     "ddtree_graphs": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "ddtree_eager": (["--algo", "ddtree", "--disable-cuda-graph"], {}),
-    "ddtree_auto": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
+    "ddtree_auto": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1", "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1"}),
 }
 AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
 # Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
@@ -74,8 +72,9 @@ def auto_budget_args(tmp_dir: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """{(kind, backend): url or an error string}; all servers start side by side."""
+def servers(request, tmp_path_factory):
+    """{(kind, backend): url or an error string}; the servers the selected tests use start side by side (a ``-k``
+    run starts only those)."""
     auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")))
 
     def start(stack: ExitStack, kind: str, backend: str):
@@ -93,23 +92,25 @@ def servers(tmp_path_factory):
         record({"test": "ddtree_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
         return (kind, backend), url
 
-    combos = [(kind, backend) for backend in BACKENDS for kind in SERVER_KINDS]
+    combos = servers_of_selected_tests(request)
     with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
         yield dict(pool.map(lambda combo: start(stack, *combo), combos))
 
 
 def url_of(servers, kind: str, backend: str) -> str:
-    url = servers.get((kind, backend), f"{kind} on {backend}: not started (GPU_SUITE_DDTREE_SERVERS)")
+    url = servers.get((kind, backend), f"no {kind} server on {backend}")
     assert url.startswith("http://"), url
     return url
 
 
 @pytest.fixture(scope="module")
 def ar_outputs(servers):
+    """AR's greedy outputs of ``PROMPTS`` on each backend with an AR server up."""
     return {backend: [o["output_ids"] for o in generate_all(url_of(servers, "ar", backend), PROMPTS, NEW_TOKENS)]
-            for backend in BACKENDS}  # fmt: skip
+            for kind, backend in servers if kind == "ar"}  # fmt: skip
 
 
+@pytest.mark.servers("ar")
 @pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_auto"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
@@ -148,6 +149,7 @@ def assert_every_width_replayed_its_own_graphs(url: str, backend: str) -> None:
         assert state["ddtree_flashinfer_plans"]["sync_free_plans"] >= check["verifies"], state["ddtree_flashinfer_plans"]
 
 
+@pytest.mark.servers("ar", "ddtree_graphs")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend):
     """Every tree verify that replayed a CUDA graph was re-run eagerly on the same batch by the server."""
@@ -163,6 +165,7 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
 
 
+@pytest.mark.servers("ar", "ddtree_graphs")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend):
     assert_abort_leaves_the_others_lossless(url_of(servers, "ddtree_graphs", backend), url_of(servers, "ar", backend),
@@ -173,6 +176,7 @@ SAMPLES = 8000
 SAMPLED_TOKENS = 4
 
 
+@pytest.mark.servers("ar")
 @pytest.mark.parametrize(
     "sampling", [{"temperature": 1.0}, {"temperature": 1.0, "top_p": 0.8}, {"temperature": 1.0, "top_k": 8}],
     ids=["temperature-1", "top-p-0.8", "top-k-8"],

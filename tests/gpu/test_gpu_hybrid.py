@@ -35,6 +35,7 @@ from lossless import (
     sampled_pvalues,
     second_token_marginal,
 )
+from suite_servers import prefill_graph_flags, servers_of_selected_tests
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
 
@@ -56,6 +57,7 @@ FLAGS = [
     "--mem-fraction-static", "0.08",  # 0.05 left no KV room when a neighbour allocated during the load
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
+    *prefill_graph_flags(),
     "--skip-tokenizer-init",
     "--dtype", "bfloat16",  # GDN conv states are bfloat16; the float32 config would be served in float16
 ]  # fmt: skip
@@ -77,16 +79,6 @@ SERVERS = {  # kind: (launcher arguments, environment)
 }  # fmt: skip
 
 
-def servers_used_by(item: pytest.Item) -> set[tuple[str, str]]:
-    """The (kind, backend) servers one test talks to: its ``servers`` marker's kinds plus its ``kind`` parameter,
-    on its ``backend`` parameter; none for a test skipped for want of a backend (an empty parameter set)."""
-    if item.get_closest_marker("skip"):
-        return set()
-    params = item.callspec.params
-    kinds = set(item.get_closest_marker("servers").args) | ({params["kind"]} if "kind" in params else set())
-    return {(kind, params["backend"]) for kind in kinds}
-
-
 @pytest.fixture(scope="module")
 def servers(request: pytest.FixtureRequest):
     """{(kind, backend): url or an error string}; the servers the selected tests use start side by side (a ``-k``
@@ -103,8 +95,7 @@ def servers(request: pytest.FixtureRequest):
         record({"test": "hybrid_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
         return (kind, backend), url
 
-    module_items = [item for item in request.session.items if item.module is request.module]
-    combos = sorted(set().union(*map(servers_used_by, module_items)))
+    combos = servers_of_selected_tests(request)
     with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
         yield dict(pool.map(lambda combo: start(stack, *combo), combos))
 
