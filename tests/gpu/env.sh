@@ -27,7 +27,14 @@ done
 
 pack_jit_cache() {
   # Built modules only (FlashInfer's generated sources, objects and ninja files would double the size), in
-  # pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each.
+  # pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each. Beside them
+  # jitcache_flashinfer.tgz, FlashInfer's modules alone (~4.5 MiB for one model's head dims): the full pieces do
+  # not fit beside the 36 MiB wheelhouse and the tracked tree in a call's 64 MiB, this does, and FlashInfer's
+  # modules are nvcc builds (the first servers of RESULTS.md runs 43 and 46 took minutes to start without them).
+  # Carry either as .gpu/jitcache.tgz.part* (a whole .tgz is a one-piece part).
   tar -czf - -C "$JIT" --exclude=.restored --exclude=generated --exclude='*.o' --exclude='*.ninja' . 2>/dev/null \
     | split -b 15M -d - "$1/jitcache.tgz.part"
+  [ -d "$JIT/.cache/flashinfer" ] && tar -czf "$1/jitcache_flashinfer.tgz" -C "$JIT" --exclude=generated \
+    --exclude='*.o' --exclude='*.ninja' --exclude='*.lock' --exclude='.ninja_*' .cache/flashinfer 2>/dev/null
+  return 0
 }
