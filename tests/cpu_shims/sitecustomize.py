@@ -5,7 +5,7 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does two things, both test-only
 1. torchvision: PyPI's torchvision wheels are CUDA builds whose compiled ops cannot register beside the CPU
    torch, and then ``torchvision._meta_registrations`` raises at import. SGLang imports torchvision's pure-Python
    parts only, so those two registration modules are served empty when the compiled ops are missing.
-2. SGLang patches, applied right after the module executes (before others bind its names):
+2. SGLang patches, applied right after the module executes (before others bind its names; so is 3):
    - ``eagle_utils.default_tree_mask_mode``: upstream picks the QLEN_ONLY tree mask on CPU, for the intel_amx
      backend; the Triton backend that CI runs reads the FULL_MASK layout (else a tree token is dropped).
    - ``speculative_hook._handle_dflash``: DFLASH refuses any device but CUDA/NPU; the check sees "cuda".
@@ -21,6 +21,9 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does two things, both test-only
    - ``xgrammar_backend``: the grammar bitmask is allocated pinned (no pinned allocator without CUDA: the
      scheduler crashed on the first grammar request, AR's too) and applied only to CUDA/NPU logits; on CPU it is
      allocated unpinned and applied with xgrammar's own CPU kernel.
+3. A faster Triton interpreter for one operation (``triton.runtime.interpreter``): a ``tl.reduce`` with a custom
+   combine function reduces whole vectors pairwise instead of element by element (same result: see
+   ``_patch_triton_interpreter``).
 """
 
 import importlib.abc
@@ -158,7 +161,49 @@ def _patch_xgrammar_backend(module) -> None:
     module.XGrammarGrammarBackend.apply_vocab_mask = staticmethod(backend_apply_on_cpu)
 
 
-_SGLANG_PATCHES = {
+def _patch_triton_interpreter(module) -> None:
+    """Triton 3.7's interpreter folds a ``tl.reduce`` with a custom combine function one element at a time,
+    running the (itself interpreted) combine function once per element on scalars: in CI about half of a budget-32
+    DDTREE engine run went to the tree build's one such reduction per pop (py-spy, 2026-12-02). Here neighbours are
+    combined pairwise, level by level: the combine function runs log2(n) times on whole vectors. ``tl.reduce``
+    requires an associative combine function, and neighbours are combined in order, so the result is the
+    element-by-element fold's (``tests/test_cpu_shims.py``). Triton's block sizes are powers of two."""
+    import numpy as np
+
+    element_by_element = module.ReduceOps.generic_reduce
+
+    def pairwise_reduce(self, input):
+        original_axis = self.axis
+        tensors, axis = self.unravel(input, self.axis)
+        dtypes = [tensor.dtype for tensor in tensors]
+        data = [np.moveaxis(tensor.handle.data, axis, 0) for tensor in tensors]
+        length = data[0].shape[0]
+        if length & (length - 1):
+            return element_by_element(self, input)
+        while data[0].shape[0] > 1:
+            pairs = data[0].shape[0] // 2
+            combined = self.combine_fn.fn(*[self.to_tensor(d[0 : 2 * pairs : 2], t) for d, t in zip(data, dtypes)],
+                                          *[self.to_tensor(d[1 : 2 * pairs : 2], t) for d, t in zip(data, dtypes)])
+            combined = combined if isinstance(combined, tuple) else (combined,)
+            shape = (pairs, *data[0].shape[1:])
+            if not all(isinstance(c, module.tl.core.tensor) and c.handle.data.shape == shape for c in combined):
+                return element_by_element(self, input)  # a combine function that does not keep the shape
+            data = [c.handle.data.astype(d.dtype) for c, d in zip(combined, data)]
+        results = []
+        for d, dtype in zip(data, dtypes):
+            d = d[0]
+            if self.keep_dims:
+                d = np.expand_dims(d, axis) if original_axis is not None else d.reshape((1,) * tensors[0].handle.data.ndim)
+            elif original_axis is None:
+                d = d.item()
+            results.append(self.to_tensor(d, dtype))
+        return results
+
+    pairwise_reduce.element_by_element = element_by_element  # for the shim's own test
+    module.ReduceOps.generic_reduce = pairwise_reduce
+
+
+_PATCHES_AFTER_IMPORT = {
     "sglang.srt.speculative.eagle_utils": _patch_eagle_utils,
     "sglang.srt.arg_groups.speculative_hook": _patch_speculative_hook,
     "sglang.srt.speculative.dflash_worker_v2": _patch_record_stream,
@@ -167,6 +212,7 @@ _SGLANG_PATCHES = {
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _patch_mamba_state_scatter,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,
     "sglang.srt.constrained.xgrammar_backend": _patch_xgrammar_backend,
+    "triton.runtime.interpreter": _patch_triton_interpreter,
 }
 
 
@@ -189,7 +235,7 @@ class _CpuCiFinder(importlib.abc.MetaPathFinder):
             if extension is not None and extension._has_ops():
                 return None
             return importlib.machinery.ModuleSpec(name, _EmptyModuleLoader())
-        patch = _SGLANG_PATCHES.get(name)
+        patch = _PATCHES_AFTER_IMPORT.get(name)
         if patch is None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
