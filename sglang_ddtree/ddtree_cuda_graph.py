@@ -17,9 +17,10 @@ registered when asked for; the tests read its tally from ``/server_info``.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Optional
+
+from sglang_ddtree.env_flags import env_flag
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +36,7 @@ CHECK_GRAPH_VERIFY_ENV = "SGLANG_DDTREE_CHECK_GRAPH_VERIFY"
 
 
 def graph_verify_check_requested() -> bool:
-    return os.environ.get(CHECK_GRAPH_VERIFY_ENV, "0") not in ("", "0", "false", "False")
+    return env_flag(CHECK_GRAPH_VERIFY_ENV)
 
 
 def _is_ddtree_target(spec_algorithm: Any, is_draft_worker: bool) -> bool:

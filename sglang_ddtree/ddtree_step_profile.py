@@ -11,13 +11,14 @@ and the host clock times it.
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections import deque
 from typing import Optional
 
 import torch
+
+from sglang_ddtree.env_flags import env_flag
 
 PROFILE_STEPS_ENV = "SGLANG_DDTREE_PROFILE_STEPS"
 PHASES = (
@@ -30,7 +31,7 @@ PHASES = (
 
 
 def step_profile_requested() -> bool:
-    return os.environ.get(PROFILE_STEPS_ENV, "0") not in ("", "0", "false", "False")
+    return env_flag(PROFILE_STEPS_ENV)
 
 
 class StepTimer:

@@ -9,11 +9,12 @@ enabled when asked for; the tests read its tally from ``/server_info``.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Optional
 
 import torch
+
+from sglang_ddtree.env_flags import env_flag
 
 if TYPE_CHECKING:
     from sglang_ddtree.tree_ops import DDTreeTensors
@@ -22,7 +23,7 @@ CHECK_TP_TREES_ENV = "SGLANG_DDTREE_CHECK_TP_TREES"
 
 
 def tp_tree_check_requested() -> bool:
-    return os.environ.get(CHECK_TP_TREES_ENV, "0") not in ("", "0", "false", "False")
+    return env_flag(CHECK_TP_TREES_ENV)
 
 
 @dataclass

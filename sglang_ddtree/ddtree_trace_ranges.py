@@ -23,10 +23,11 @@ decode batch: every synchronising call of the decode loop is logged once per sou
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import defaultdict
 from typing import Any, Callable, Iterator, Optional
+
+from sglang_ddtree.env_flags import env_flag
 
 TRACE_RANGES_ENV = "SGLANG_DDTREE_TRACE_RANGES"
 SYNC_DEBUG_ENV = "SGLANG_DDTREE_SYNC_DEBUG"
@@ -50,12 +51,8 @@ TRACED_FUNCTIONS = {  # range name -> SGLang 0.5.17 function
 }
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "0") not in ("", "0", "false", "False")
-
-
 def trace_ranges_requested() -> bool:
-    return _flag(TRACE_RANGES_ENV)
+    return env_flag(TRACE_RANGES_ENV)
 
 
 class HostRanges:
@@ -126,5 +123,5 @@ def register(registry: Any, hook_type: Any) -> None:
     if trace_ranges_requested():
         for name, target in TRACED_FUNCTIONS.items():
             registry.register(target, _timed(name), hook_type.AROUND)
-    if _flag(SYNC_DEBUG_ENV):
+    if env_flag(SYNC_DEBUG_ENV):
         registry.register(f"{_SCHEDULER}.run_batch", _debug_syncs_from_the_first_decode, hook_type.AROUND)

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
+
+from sglang_ddtree.env_flags import env_flag
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -36,7 +37,7 @@ AUTO_VERIFY_GRAPHS_ENV = "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS"
 
 
 def verify_graphs_per_width_requested() -> bool:
-    return os.environ.get(AUTO_VERIFY_GRAPHS_ENV, "0") not in ("", "0", "false", "False")
+    return env_flag(AUTO_VERIFY_GRAPHS_ENV)
 
 
 class VerifyGraphsPerWidth:

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from typing import Any, Callable
 
 import torch
+
+from sglang_ddtree.env_flags import env_flag
 
 SYNC_FREE_PLAN_ENV = "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"
 CALL_BEGIN_FORWARD = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward"
@@ -37,7 +38,7 @@ _counts = {"sync_free_plans": 0, "upstream_plans": 0}
 
 
 def sync_free_plan_enabled() -> bool:
-    return os.environ.get(SYNC_FREE_PLAN_ENV, "1") not in ("0", "false", "False")
+    return env_flag(SYNC_FREE_PLAN_ENV, default=True)
 
 
 def verify_planned_from_host_lengths(target_attn_backend: Any, cuda_graphs: bool) -> bool:

@@ -14,10 +14,11 @@ float32); with ``--mamba-ssm-dtype bfloat16`` both hooks leave SGLang's path in 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable
 
 import torch
+
+from sglang_ddtree.env_flags import env_flag
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ _warned = False
 
 
 def wy_verify_requested() -> bool:
-    return os.environ.get(WY_VERIFY_ENV, "0") not in ("", "0", "false", "False")
+    return env_flag(WY_VERIFY_ENV)
 
 
 def _serving_ddtree() -> bool:
