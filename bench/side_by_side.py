@@ -370,8 +370,8 @@ def configurations(args: argparse.Namespace) -> dict[str, list[str]]:
         if algo == "ddtree":
             for budget in args.budgets:
                 if budget == "auto":
-                    configs["ddtree auto"] = ["--algo", "ddtree", *common, *drafter, "--budget", "auto",
-                                              "--step-time-table", args.step_time_table]  # fmt: skip
+                    table = ["--step-time-table", args.step_time_table] if args.step_time_table else []
+                    configs["ddtree auto"] = ["--algo", "ddtree", *common, *drafter, "--budget", "auto", *table]
                 else:
                     configs[f"ddtree B={budget}"] = ["--algo", "ddtree", *common, *drafter, "--budget", str(budget)]
         else:
@@ -405,8 +405,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--draft-model-path")
     parser.add_argument("--algos", type=lambda s: s.split(","), default=list(ALGORITHMS))
     parser.add_argument("--budgets", type=budget_list, default=[32],
-                        help="DDTree budgets (one configuration each); 'auto' needs --step-time-table")
-    parser.add_argument("--step-time-table", help="the table of the 'ddtree auto' configuration (launcher flag)")
+                        help="DDTree budgets (one configuration each); 'auto' as the launcher's --budget auto")
+    parser.add_argument("--step-time-table", help="fixed step times for the 'ddtree auto' configuration (launcher "
+                        "flag; without it the server measures its own)")  # fmt: skip
     parser.add_argument("--concurrency", type=int_list, default=[1, 4, 16])
     parser.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
@@ -440,8 +441,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     fixed_budgets = [b for b in args.budgets if b != "auto"]
     if not args.concurrency or min(args.concurrency) < 1 or not args.budgets or min(fixed_budgets, default=1) < 1:
         parser.error("--concurrency and --budgets take positive integers")
-    if ("auto" in args.budgets) != bool(args.step_time_table):
-        parser.error("--budgets auto and --step-time-table go together")
+    if args.step_time_table and "auto" not in args.budgets:
+        parser.error("--step-time-table is the table of --budgets auto")
     if {key.split()[0] for key in args.simulate_tau} - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
     if "random" in args.datasets and (args.num_prompts < 1 or args.random_prompt_len < 1):

@@ -222,7 +222,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--draft-model-path")
     parser.add_argument("--algos", type=lambda s: s.split(","), default=["ar", "dflash", "ddtree"])
     parser.add_argument("--budgets", type=budget_list, default=[16, 32, 64])
-    parser.add_argument("--step-time-table", help="the table of a 'ddtree auto' configuration (--budgets ...,auto)")
+    parser.add_argument("--step-time-table", help="fixed step times for the 'ddtree auto' configuration (--budgets "
+                        "...,auto); without it the server measures its own")  # fmt: skip
     parser.add_argument("--widths", type=int_list, default=[],
                         help="also measure DDTree at each of these verify widths (ascending from 1; the last is the "
                         "tree the drafter builds), as --budget auto runs them")  # fmt: skip
@@ -253,8 +254,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("dflash and ddtree need --draft-model-path")
     if set(args.simulate_tau) - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
-    if ("auto" in args.budgets) != bool(args.step_time_table):
-        parser.error("--budgets auto and --step-time-table go together")
+    if args.step_time_table and "auto" not in args.budgets:
+        parser.error("--step-time-table is the table of --budgets auto")
     if args.widths and (args.widths != sorted(set(args.widths)) or args.widths[0] != 1 or "ddtree" not in args.algos):
         parser.error("--widths must ascend from 1 (the last is the drafted tree), with ddtree among --algos")
     if args.write_step_table and not args.widths:

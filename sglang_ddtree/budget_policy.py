@@ -19,7 +19,8 @@ one before it is). The lag is fixed, not "whatever has landed", so that every te
 width at the same step; waiting for that older copy returns at once unless the GPU is more trees behind the host
 than overlap scheduling lets it be.
 
-``--budget auto`` takes its step times from a JSON file (``SGLANG_DDTREE_STEP_TIME_TABLE``, given by the
+``--budget auto`` measures its step times on the server's first decode steps at each batch size
+(``measured_step_times``), or takes them from a JSON file (``SGLANG_DDTREE_STEP_TIME_TABLE``, given by the
 launcher's ``--step-time-table``), as SGLang's DSpark takes its profiled SPS table:
 ``{"widths": [1, 2, ...], "batch_sizes": [1, 8, ...], "step_ms": [[ms per width] per batch size]}``.
 """
@@ -128,6 +129,7 @@ class BudgetPolicy:
         self.device = torch.device(device)
         self.step_times = step_times
         self._step_rows = {bs: row.to(self.device) for bs, row in step_times.rows.items()}  # no per-step H2D copy
+        self._staged_rows: dict[int, torch.Tensor] = {}
         self.ema = ema
         self.probe_interval = probe_interval
         self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
@@ -140,6 +142,15 @@ class BudgetPolicy:
         self._decisions = 0
         self._chosen = len(self.widths) - 1  # start wide: the first trees price every width
         self._steps_at_one = 0
+
+    def set_step_times(self, batch_size: int, step_ms: Sequence[float]) -> None:
+        """Replace the row of ``batch_size`` (a row measured by the server) for the decisions after this call."""
+        key = self.step_times.row_key(batch_size)
+        row = torch.tensor(step_ms, dtype=torch.float32)
+        self.step_times.rows[key] = row
+        staged = row.pin_memory() if self.device.type == "cuda" else row
+        self._step_rows[key].copy_(staged, non_blocking=True)
+        self._staged_rows[key] = staged  # alive until the copy has run: the next call for this row is steps later
 
     def width(self) -> int:
         """The verify width for the next step: the decision made ``decisions_in_flight`` trees before the newest."""

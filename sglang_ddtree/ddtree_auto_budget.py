@@ -6,6 +6,10 @@ width 1 skips the drafter and verifies the bonus token alone (the committed toke
 the draft KV cache, so the drafter can resume at any later step). The policy learns from the accepted nodes of each
 verify, which SGLang's ``eagle_sample`` returns but ``run_eagle_verify`` does not pass on: an AFTER hook keeps them.
 
+The step times come from the server's own first decode steps at each batch size (``measured_step_times``,
+``SGLANG_DDTREE_BUDGET_AUTO=1``: the launcher's ``--budget auto``), or from a table file
+(``SGLANG_DDTREE_STEP_TIME_TABLE``: ``--budget auto --step-time-table FILE``, fixed times for reproducible runs).
+
 A width narrower than the captured one runs the target's verify eagerly (SGLang's graph runner replays only its
 capture width), unless ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1`` gives every width of the table target-verify graphs of
 its own (``ddtree_verify_graphs``; opt-in until the GPU suite has run it).
@@ -14,12 +18,21 @@ its own (``ddtree_verify_graphs``; opt-in until the GPU suite has run it).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
-from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV, BudgetPolicy, requested_step_time_table
+from sglang_ddtree.budget_policy import (
+    DEFAULT_WIDTHS,
+    STEP_TIME_TABLE_ENV,
+    BudgetPolicy,
+    requested_step_time_table,
+)
 from sglang_ddtree.ddtree_verify_graphs import VerifyGraphsPerWidth
+from sglang_ddtree.env_flags import env_flag
+from sglang_ddtree.measured_step_times import MeasuredStepTimes, unmeasured_table
+
+BUDGET_AUTO_ENV = "SGLANG_DDTREE_BUDGET_AUTO"  # measured step times
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_worker_common.eagle_sample"
 
@@ -40,7 +53,13 @@ def keep_accept_index(result: tuple, *args: Any, **kwargs: Any) -> tuple:
 
 
 def auto_budget_requested() -> bool:
-    return bool(os.environ.get(STEP_TIME_TABLE_ENV, ""))
+    return env_flag(BUDGET_AUTO_ENV) or bool(os.environ.get(STEP_TIME_TABLE_ENV, ""))
+
+
+def measured_widths(tree_width: int) -> list[int]:
+    """The widths a measuring auto budget chooses from: the defaults up to about half the tree, and the tree
+    (a width near the tree's would cost about as much and add another set of verify graphs)."""
+    return [w for w in DEFAULT_WIDTHS if w < tree_width and 2 * w <= tree_width + 1] + [tree_width]
 
 
 def check_auto_budget_settings(tree_width: int) -> None:
@@ -54,25 +73,43 @@ def check_auto_budget_settings(tree_width: int) -> None:
 class AutoBudget:
     """One worker's per-step widths: the policy's choice, the accepted nodes it is told, the widths' tally."""
 
-    def __init__(self, policy: BudgetPolicy) -> None:
+    def __init__(self, policy: BudgetPolicy, agree: Optional[Callable[[list[float]], list[float]]] = None,
+                 measure: bool = False) -> None:  # fmt: skip
+        """``measure``: the step times are measured (``policy`` starts from an unmeasured table); ``agree`` turns
+        one tensor-parallel rank's measured row into the row all ranks use."""
         self.policy = policy
         self.steps_per_width = {width: 0 for width in policy.widths}
         self.verify_graphs: Optional[VerifyGraphsPerWidth] = None  # set by a worker that captured them
+        self.measured = MeasuredStepTimes(policy.widths, policy.set_step_times, agree) if measure else None
         AUTO_BUDGET_STATS.append(self)
 
     @classmethod
-    def from_environment(cls, tree_width: int, device: torch.device | str) -> Optional["AutoBudget"]:
-        """The auto budget of a server started with a step time table, else None (a fixed budget)."""
+    def from_environment(
+        cls, tree_width: int, device: torch.device | str, agree: Optional[Callable[[list[float]], list[float]]] = None
+    ) -> Optional["AutoBudget"]:
+        """The auto budget of a server started with a step time table or ``SGLANG_DDTREE_BUDGET_AUTO=1``, else None
+        (a fixed budget)."""
         check_auto_budget_settings(tree_width)
         table = requested_step_time_table()
-        if table is None:
+        if table is not None:
+            return cls(BudgetPolicy(table, table.widths, device=device))
+        if not env_flag(BUDGET_AUTO_ENV):
             return None
-        return cls(BudgetPolicy(table, table.widths, device=device))
+        widths = measured_widths(tree_width)
+        return cls(BudgetPolicy(unmeasured_table(widths), widths, device=device), agree, measure=True)
 
-    def next_width(self) -> int:
-        width = self.policy.width()
+    def next_width(self, batch_size: int) -> int:
+        """The width of a decode step of ``batch_size`` requests; called once at the start of each."""
+        width = self.policy.width()  # taken every step, so that decisions are consumed in order on every rank
+        if self.measured is not None:
+            width = self.measured.width_to_measure(batch_size) or width
         self.steps_per_width[width] += 1
         return width
+
+    def interrupt(self) -> None:
+        """A prefill or idle forward ran between decode steps."""
+        if self.measured is not None:
+            self.measured.interrupt()
 
     def observe(self, path_logprob: Optional[torch.Tensor], width: int) -> None:
         """After a verify of ``width`` nodes per request; ``path_logprob`` of the widest tree, None without one."""
@@ -87,6 +124,8 @@ class AutoBudget:
     def report(self) -> dict[str, Any]:
         report = {"widths": self.policy.widths, "steps": [self.steps_per_width[w] for w in self.policy.widths],
                   "table": os.environ.get(STEP_TIME_TABLE_ENV, "")}  # fmt: skip
+        if self.measured is not None:
+            report.update(self.measured.report())
         if self.verify_graphs is not None:
             report.update(self.verify_graphs.report())
         return report

@@ -77,6 +77,17 @@ def _lm_head_vocab_shard(lm_head) -> Optional[tuple[int, int]]:
     return int(shard.org_vocab_start_index), int(shard.num_org_elements)
 
 
+def _mean_over_tp_ranks(row: list[float]) -> list[float]:
+    """One measured step-time row for every tensor-parallel rank (each measured its own host clock): their mean.
+    Every rank calls it at the same decode step (``measured_step_times``), once per batch-size bucket."""
+    group = get_tp_group()
+    if group.world_size == 1:
+        return row
+    total = torch.tensor(row, dtype=torch.float64)
+    torch.distributed.all_reduce(total, group=group.cpu_group)
+    return (total / group.world_size).tolist()
+
+
 class DDTreeWorker(DFlashWorkerV2):
     def __init__(self, server_args: ServerArgs, gpu_id: int, ps, nccl_port: int, target_worker) -> None:
         self.tree_width = int(server_args.speculative_num_draft_tokens)
@@ -98,7 +109,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self._draft_head = self._make_draft_head(max_bs=0)
         self._cuda_graphs = not server_args.disable_cuda_graph
         self._plans_from_host_lengths = False  # decided in init_attention_backends, once the target's exist
-        self._auto_budget = AutoBudget.from_environment(self.tree_width, self.device)  # None: a fixed budget
+        # None: a fixed budget.
+        self._auto_budget = AutoBudget.from_environment(self.tree_width, self.device, agree=_mean_over_tp_ranks)
         self._verify_graphs: Optional[VerifyGraphsPerWidth] = None  # captured in init_cuda_graphs under auto
         self._simulating = simulated_acceptance_mean() > 0
         check_simulation_settings(simulated_acceptance_mean())
@@ -149,6 +161,8 @@ class DDTreeWorker(DFlashWorkerV2):
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
     ) -> GenerationBatchResult:
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle():
+            if self._auto_budget is not None:
+                self._auto_budget.interrupt()
             result = super().forward_batch_generation(batch, on_publish, grammar_barrier)
             result.speculative_num_draft_tokens = self.tree_width
             return result
@@ -161,8 +175,8 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
 
         timer = STEP_PROFILE.start(self.device)
-        width = self._auto_budget.next_width() if self._auto_budget is not None else self.tree_width
         prefix_lens = batch.seq_lens
+        width = self._auto_budget.next_width(len(prefix_lens)) if self._auto_budget is not None else self.tree_width
         kv_lens_cpu = self._host_kv_lens(batch, width)  # before the draft launch: see _host_kv_lens
         drafted = None
         if width > 1:

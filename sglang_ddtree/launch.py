@@ -1,7 +1,7 @@
 """``python -m sglang_ddtree.launch``: start SGLang's HTTP server for one decoding algorithm.
 
     python -m sglang_ddtree.launch --algo {ar,mtp,dflash,ddtree} [--model-path P] [--draft-model-path D]
-        [--tp N] [--budget B | --budget auto --step-time-table FILE] [--dry-run] [any sglang launch_server flag ...]
+        [--tp N] [--budget B | --budget auto [--step-time-table FILE]] [--dry-run] [any sglang launch_server flag ...]
 
 The launcher only resolves and checks arguments, then runs SGLang's own server in this process; the plugin
 entry point registers this package inside every SGLang process. Any flag it does not know passes through to
@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET, hybrid_targets, model_configs
+from sglang_ddtree import (
+    AUTO_BUDGET_TREE,
+    DDTREE_ALGORITHM_NAME,
+    DDTREE_DEFAULT_BUDGET,
+    hybrid_targets,
+    model_configs,
+)
 from sglang_ddtree.model_configs import ModelConfigError
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -91,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--budget",
         help=f"ddtree: tree nodes per request, root excluded (default {DDTREE_DEFAULT_BUDGET}), or 'auto': each step "
-        "verifies the width that commits the most tokens per second (needs --step-time-table)",
+        f"verifies the prefix of a {AUTO_BUDGET_TREE}-node tree that commits the most tokens per second, step times "
+        "measured by the server on its first steps at each batch size",
     )
     parser.add_argument(
         "--step-time-table",
-        help="ddtree --budget auto: JSON of step milliseconds per batch size and verify width on this model and GPU",
+        help="ddtree --budget auto: fixed step times instead of measured ones, a JSON of step milliseconds per batch "
+        "size and verify width on this model and GPU (its widest width is the tree's)",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"bind address (default {DEFAULT_HOST})")
     parser.add_argument("--dry-run", action="store_true", help="print the SGLang command line and exit")
@@ -186,7 +194,7 @@ def _dflash_flags(request: LaunchRequest, target_config: dict) -> list[str]:
 
 
 def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
-    budget = DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
+    budget = _ddtree_budget(request)
     if budget == "auto":
         budget = _auto_budget_widest_width(request) - 1
     if budget < 1:
@@ -206,13 +214,16 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def _ddtree_budget(request: LaunchRequest) -> int | str:
+    return DDTREE_DEFAULT_BUDGET if request.budget is None else request.budget
+
+
 def _auto_budget_widest_width(request: LaunchRequest) -> int:
-    """The widest verify width of ``--budget auto``'s table: the tree the drafter builds every step."""
+    """The widest verify width of ``--budget auto``: the tree the drafter builds every step (a table's widest)."""
     from sglang_ddtree.budget_policy import load_step_time_table
 
     if not request.step_time_table:
-        raise LaunchError("--budget auto needs --step-time-table FILE: step milliseconds per batch size and verify "
-                          "width of this model on this GPU (README, 'Auto budget')")  # fmt: skip
+        return AUTO_BUDGET_TREE + 1
     try:
         return load_step_time_table(request.step_time_table).widths[-1]
     except ValueError as e:
@@ -220,12 +231,15 @@ def _auto_budget_widest_width(request: LaunchRequest) -> int:
 
 
 def server_environment(request: LaunchRequest) -> dict[str, str]:
-    """Variables the server needs beside its flags: the step time table of ``--budget auto``."""
+    """Variables the server needs beside its flags: ``--budget auto``, measuring or with its step time table."""
     from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV
+    from sglang_ddtree.ddtree_auto_budget import BUDGET_AUTO_ENV
 
-    if request.budget != "auto":
+    if request.algo != "ddtree" or _ddtree_budget(request) != "auto":
         return {}
-    return {STEP_TIME_TABLE_ENV: os.path.abspath(request.step_time_table)}
+    if request.step_time_table:
+        return {STEP_TIME_TABLE_ENV: os.path.abspath(request.step_time_table)}
+    return {BUDGET_AUTO_ENV: "1"}
 
 
 _ALGORITHM_FLAGS: dict[str, Callable[[LaunchRequest, dict], list[str]]] = {
@@ -245,10 +259,10 @@ def resolve_server_argv(request: LaunchRequest, model_path: str) -> list[str]:
         raise LaunchError(f"--draft-model-path is only used by --algo dflash and ddtree, not {request.algo}")
     if request.budget is not None and request.algo != "ddtree":
         raise LaunchError(f"--budget only applies to --algo ddtree, not {request.algo}")
-    if request.step_time_table and request.budget != "auto":
+    if request.step_time_table and (request.algo != "ddtree" or _ddtree_budget(request) != "auto"):
         raise LaunchError("--step-time-table only applies to --algo ddtree --budget auto")
     if request.algo == "ddtree":
-        _check_no_stray_step_time_table(request)
+        _check_no_stray_auto_budget_variables(request)
         _check_simulated_acceptance()
     request = LaunchRequest(**{**request.__dict__, "model_path": model_path})
     target_config = model_configs.load_config(model_path)
@@ -291,13 +305,14 @@ def _number_flag(args: Sequence[str], flag: str, kind: type, default):
 _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 
-def _check_no_stray_step_time_table(request: LaunchRequest) -> None:
-    """The table's variable makes every DDTREE server's budget auto: only the launcher's ``--budget auto`` sets it."""
+def _check_no_stray_auto_budget_variables(request: LaunchRequest) -> None:
+    """Either variable makes every DDTREE server's budget auto: only the launcher's ``--budget auto`` sets them."""
     from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV
+    from sglang_ddtree.ddtree_auto_budget import BUDGET_AUTO_ENV
 
-    if os.environ.get(STEP_TIME_TABLE_ENV) and request.budget != "auto":
-        raise LaunchError(f"{STEP_TIME_TABLE_ENV} is set in the environment: pass --budget auto --step-time-table "
-                          "FILE instead, or unset it")  # fmt: skip
+    for name, instead in ((STEP_TIME_TABLE_ENV, "--budget auto --step-time-table FILE"), (BUDGET_AUTO_ENV, "--budget auto")):
+        if os.environ.get(name) and _ddtree_budget(request) != "auto":
+            raise LaunchError(f"{name} is set in the environment: pass {instead} instead, or unset it")
 
 
 def _check_simulated_acceptance() -> None:

@@ -128,6 +128,26 @@ def test_tensor_parallel_ranks_build_identical_trees_and_stay_lossless(models, a
     assert steps[9] > 0 and steps[1] > 0, steps
 
 
+def test_tensor_parallel_ranks_measure_one_step_time_row_and_pick_the_same_width_every_step(models, ar_outputs):
+    """``--budget auto`` with step times measured by the server, at TP=2: the ranks measure the same widths at the
+    same steps, agree on one row per batch size (each timed its own clock: the worker's mean over ranks) and then
+    pick the same width at every step; a verify of another width on one rank would hang the collective or show in
+    the tree check. The eight requests one after another give batch size 1 the steps its row needs."""
+    target, drafter = models
+    env = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1", "SGLANG_DDTREE_BUDGET_AUTO": "1"}
+    report = run_engine_generate(
+        {**exact_engine_args(target), "tp_size": 2, "speculative_algorithm": "DDTREE",
+         "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": AUTO_WIDTHS[-1]},
+        PROMPTS, GREEDY, modes=("sequential",), env=env,
+    )  # fmt: skip
+    assert report["sequential"]["output_ids"] == ar_outputs
+    check = report["scheduler_states"][0]["ddtree_tp_tree_check"]
+    assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
+    auto = report["scheduler_states"][0]["ddtree_budget_auto"]
+    assert auto["widths"] == AUTO_WIDTHS and all(steps > 0 for steps in auto["steps"]), auto
+    assert list(auto["measured_step_ms"]) == ["1"], auto
+
+
 def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models):
     """``SGLANG_SIMULATE_ACC_LEN`` on DDTREE (cost-only, issue 18): SGLang's "match-expected" draw at 1.5 commits 1
     or 2 tokens per verify, half and half, along each tree's first-child branch (the random drafter's trees are

@@ -149,10 +149,18 @@ def test_ddtree_budget_auto_drafts_the_tables_widest_tree_and_hands_the_server_i
     assert flag(command, "--speculative-num-draft-tokens") == "17" and flag(command, "--speculative-algorithm") == "DDTREE"
 
 
+def test_ddtree_budget_auto_without_a_table_drafts_a_32_node_tree_and_has_the_server_measure_its_steps(models):
+    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                    "--budget", "auto", "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    command = shlex.split(result.stdout.strip())
+    assert command[0] == "SGLANG_DDTREE_BUDGET_AUTO=1" and command[2:4] == ["-m", "sglang.launch_server"]
+    assert flag(command, "--speculative-num-draft-tokens") == "33"
+
+
 @pytest.mark.parametrize(
     "args, fragments",
     [
-        (["--budget", "auto"], ["--budget auto needs --step-time-table FILE"]),
         (["--budget", "wide"], ["--budget must be a number of tree nodes or 'auto', got 'wide'"]),
         (["--budget", "8", "--step-time-table", "{table}"], ["--step-time-table only applies to --algo ddtree --budget auto"]),
         (["--budget", "auto", "--step-time-table", "{bad}"], ["step time table", "'widths' must be verify widths ascending from 1"]),
@@ -168,11 +176,12 @@ def test_budget_auto_set_up_wrong_is_one_line(models, tmp_path, args, fragments)
     assert_one_line_error(result, *fragments)
 
 
-def test_a_step_time_table_in_the_environment_is_not_silently_an_auto_budget(models, tmp_path):
-    env = {**os.environ, "SGLANG_DDTREE_STEP_TIME_TABLE": step_time_table(tmp_path / "t.json")}
+@pytest.mark.parametrize("variable", ["SGLANG_DDTREE_STEP_TIME_TABLE", "SGLANG_DDTREE_BUDGET_AUTO"])
+def test_an_auto_budget_variable_in_the_environment_is_not_silently_an_auto_budget(models, tmp_path, variable):
+    value = step_time_table(tmp_path / "t.json") if variable == "SGLANG_DDTREE_STEP_TIME_TABLE" else "1"
     result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
-                    "--budget", "8", "--dry-run", env=env)  # fmt: skip
-    assert_one_line_error(result, "SGLANG_DDTREE_STEP_TIME_TABLE is set in the environment", "--budget auto")
+                    "--budget", "8", "--dry-run", env={**os.environ, variable: value})  # fmt: skip
+    assert_one_line_error(result, f"{variable} is set in the environment", "--budget auto")
 
 
 def test_unknown_flags_pass_through_unchanged_and_last(models):

@@ -112,13 +112,18 @@ def test_each_ddtree_budget_is_its_own_configuration_and_shared_flags_follow_the
     }  # fmt: skip
 
 
-def test_the_auto_budget_is_one_configuration_with_its_step_time_table():
+def test_the_auto_budget_is_one_configuration_with_its_step_time_table_if_one_is_given():
     args, _ = side_by_side.parse_args(["--model-path", "M", "--draft-model-path", "D", "--algos", "ddtree",
                                        "--budgets", "32,auto", "--step-time-table", "T.json", "--out", "o"])  # fmt: skip
     assert side_by_side.configurations(args) == {
         "ddtree B=32": ["--algo", "ddtree", "--model-path", "M", "--tp", "1", "--draft-model-path", "D", "--budget", "32"],
         "ddtree auto": ["--algo", "ddtree", "--model-path", "M", "--tp", "1", "--draft-model-path", "D",
                         "--budget", "auto", "--step-time-table", "T.json"],
+    }  # fmt: skip
+    args, _ = side_by_side.parse_args(["--model-path", "M", "--draft-model-path", "D", "--algos", "ddtree",
+                                       "--budgets", "auto", "--out", "o"])  # fmt: skip
+    assert side_by_side.configurations(args) == {  # the server measures its own step times
+        "ddtree auto": ["--algo", "ddtree", "--model-path", "M", "--tp", "1", "--draft-model-path", "D", "--budget", "auto"],
     }  # fmt: skip
 
 
@@ -130,7 +135,7 @@ def test_the_auto_budget_is_one_configuration_with_its_step_time_table():
         (["--algos", "ar", "--concurrency", "0"], "--concurrency and --budgets take positive integers"),
         (["--algos", "ar", "--budgets", "16,x"],
          "argument --budgets: '16,x' is not a comma-separated list of budgets (integers or auto)"),
-        (["--algos", "ar", "--budgets", "16,auto"], "--budgets auto and --step-time-table go together"),
+        (["--algos", "ar", "--budgets", "16", "--step-time-table", "T.json"], "--step-time-table is the table of --budgets auto"),
         (["--algos", "ar", "--url", "http://127.0.0.1:30000"], "--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'"),
         (["--algos", "ar", "--simulate-tau", "ar=3"], "--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)"),
         (["--algos", "ar", "--datasets", "random"], "--datasets random needs --num-prompts and --random-prompt-len of at least 1"),

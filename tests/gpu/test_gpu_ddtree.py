@@ -5,7 +5,8 @@ Tiny random models with a 64-token vocabulary (``tests/tiny_models.py``: ``qwen3
 three DDTree servers, all with the radix cache off: budget 16 with CUDA graphs plus the graph-vs-eager verify
 check (``SGLANG_DDTREE_CHECK_GRAPH_VERIFY=1``), budget 16 without CUDA graphs, and ``--budget auto`` with graphs
 and the same check (a step time table under which it verifies bonus-only, narrow and widest trees, each width
-through verify graphs of its own: ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1``).
+through verify graphs of its own: ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1``), and ``--budget auto`` as the launcher
+runs it by default (a 32-node tree, step times measured by the server on its first steps, same check).
 
 Exactness in bfloat16 is judged by AR's top-2 margin at the first differing token (``lossless.py``); token
 identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
@@ -58,7 +59,10 @@ SERVERS = {
     "ddtree_graphs": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "ddtree_eager": (["--algo", "ddtree", "--disable-cuda-graph"], {}),
     "ddtree_auto": (["--algo", "ddtree"], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1", "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1"}),
+    "ddtree_measured": (["--algo", "ddtree", "--budget", "auto"],
+                        {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1", "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1"}),
 }
+MEASURED_WIDTHS = [1, 2, 4, 8, 16, 33]
 AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
 # Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
 AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 1.1, 3.0], 4: [1.0, 1.05, 1.1, 1.2, 3.0], 16: [1.0, 100.0, 100.0, 100.0, 100.0]}
@@ -82,7 +86,7 @@ def servers(request, tmp_path_factory):
         args = [*algo_args, "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend,
                 "--dtype", "bfloat16", *FLAGS]  # fmt: skip
         if kind != "ar":
-            budget = auto_args if kind == "ddtree_auto" else ["--budget", str(BUDGET)]
+            budget = {"ddtree_auto": auto_args, "ddtree_measured": []}.get(kind, ["--budget", str(BUDGET)])
             args += ["--draft-model-path", f"{MODELS}/dflash_v64", *budget]
         t0 = time.perf_counter()
         try:
@@ -111,7 +115,7 @@ def ar_outputs(servers):
 
 
 @pytest.mark.servers("ar")
-@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_auto"])
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_auto", "ddtree_measured"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
     url = url_of(servers, kind, backend)
@@ -128,25 +132,30 @@ def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_out
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0
     if kind == "ddtree_auto":
-        assert_every_width_replayed_its_own_graphs(url, backend)
+        assert_every_width_replayed_its_own_graphs(url, backend, AUTO_WIDTHS)
+    if kind == "ddtree_measured":
+        auto = assert_every_width_replayed_its_own_graphs(url, backend, MEASURED_WIDTHS)
+        assert "16" in auto["measured_step_ms"], auto  # sixteen requests at a time: bucket 16 was measured
+        assert all(steps > 0 for steps in auto["steps"]), auto
     assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend], got, kind)
 
 
-def assert_every_width_replayed_its_own_graphs(url: str, backend: str) -> None:
+def assert_every_width_replayed_its_own_graphs(url: str, backend: str, widths: list[int]) -> dict:
     """Under --budget auto each width's verifies replay graphs captured for that width (no batch here exceeds the
-    captured batch sizes), and each replay equals an eager re-run of the same verify."""
+    captured batch sizes), and each replay equals an eager re-run of the same verify. Returns the auto report."""
     state = http_json(url + "/server_info")["internal_states"][0]
     auto, check = state["ddtree_budget_auto"], state["ddtree_graph_verify_check"]
     record({"test": "ddtree_auto_widths", "backend": backend, **auto, "graph_check": check,
             "plans": state.get("ddtree_flashinfer_plans")})  # fmt: skip
     assert sum(steps > 0 for steps in auto["steps"]) >= 2, auto
-    assert auto["graph_widths"] == AUTO_WIDTHS, auto
+    assert auto["graph_widths"] == widths, auto
     assert auto["graph_replays"] == auto["steps"], auto
     assert check["verifies"] == sum(auto["graph_replays"]), (check, auto)
     assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
     if backend == "flashinfer":  # every width's replays were planned without reading the device
         assert state["ddtree_flashinfer_plans"]["sync_free_plans"] >= check["verifies"], state["ddtree_flashinfer_plans"]
+    return auto
 
 
 @pytest.mark.servers("ar", "ddtree_graphs")
