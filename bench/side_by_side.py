@@ -263,8 +263,23 @@ def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: d
               "requests": [asdict(r) for r in records], "ar_top2": ar_top2}  # fmt: skip
     report["plots"] = plots(rows, out)
     (out / "side_by_side.json").write_text(json.dumps(report, indent=1))
-    (out / "side_by_side.md").write_text(markdown(meta, rows, divergences) + step_profile_markdown(step_profiles))
+    (out / "side_by_side.md").write_text(markdown(meta, rows, divergences) + step_profile_markdown(step_profiles)
+                                         + auto_budget_markdown(meta.get("auto_budget_cells", [])))  # fmt: skip
     return report
+
+
+def auto_budget_markdown(cells: Sequence[dict]) -> str:
+    """The widths ``ddtree auto`` verified per cell, and the step times it measured, or nothing."""
+    if not cells:
+        return ""
+    lines = ["", "`ddtree auto`: decode steps per verify width (share of the cell's steps) and the step ms it measured "
+             "per batch-size bucket:", "", "| T | conc. | steps per width | measured ms per width |", "|--:|--:|:--|:--|"]
+    for cell in cells:
+        total = sum(cell["steps"]) or 1
+        steps = ", ".join(f"{w}: {n} ({n / total:.0%})" for w, n in zip(cell["widths"], cell["steps"]) if n)
+        measured = "; ".join(f"bs<={b}: {row}" for b, row in (cell.get("measured_step_ms") or {}).items())
+        lines.append(f"| {cell['temperature']:g} | {cell['concurrency']} | {steps} | {measured} |")
+    return "\n".join(lines) + "\n"
 
 
 def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
@@ -525,7 +540,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
             "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args),
-            "simulated_tau": args.simulate_tau}  # fmt: skip
+            "simulated_tau": args.simulate_tau,
+            "auto_budget_cells": previous_auto_budget_cells(out) if args.resume else []}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
     todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
     with tqdm(total=len(todo) * len(cells) * len(prompts), unit="req") as progress:
@@ -544,8 +560,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
                     warm_up_cell(url, config, warmup, temperature, concurrency)
                     before = server_step_profile(url) if profile else None
+                    auto_before = server_auto_budget(url) if config == "ddtree auto" else None
                     records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens,
                                         args.ignore_eos)  # fmt: skip
+                    if config == "ddtree auto":
+                        meta["auto_budget_cells"].append(auto_budget_cell(url, temperature, concurrency, auto_before))
                     if before is not None:
                         after = server_step_profile(url)
                         step_profiles.append({"config": config, "datasets": args.datasets, "temperature": temperature,
@@ -564,6 +583,26 @@ def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, 
     batch = [warmup[i % len(warmup)] for i in range(max(concurrency, len(warmup)))]
     run_cell(url, config, batch, temperature, concurrency, 32)
     flush_prefix_cache(url)
+
+
+def server_auto_budget(url: str) -> dict:
+    """A ``--budget auto`` server's ``ddtree_budget_auto`` report (``/server_info``)."""
+    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
+        return json.loads(response.read())["internal_states"][0]["ddtree_budget_auto"]
+
+
+def auto_budget_cell(url: str, temperature: float, concurrency: int, before: dict) -> dict:
+    """The widths ``--budget auto`` verified in one cell (steps per width, warm-up excluded) and the step times it
+    had measured by its end."""
+    after = server_auto_budget(url)
+    return {"temperature": temperature, "concurrency": concurrency, "widths": after["widths"],
+            "steps": [a - b for a, b in zip(after["steps"], before["steps"])],
+            "measured_step_ms": after.get("measured_step_ms")}  # fmt: skip
+
+
+def previous_auto_budget_cells(out: Path) -> list[dict]:
+    path = out / "side_by_side.json"
+    return json.loads(path.read_text())["meta"].get("auto_budget_cells", []) if path.is_file() else []
 
 
 def resumed(out: Path) -> tuple[list[RequestRecord], dict, dict, list[dict]]:

@@ -78,10 +78,15 @@ def step_wall_ms(record: RequestRecord) -> Optional[float]:
     return 1000 * (record.end - record.first_token) / steps if steps > 0 else None
 
 
-def server_host_ranges(url: str) -> Optional[dict]:
-    """A running server's ``ddtree_host_ranges`` (``/server_info``; ``SGLANG_DDTREE_TRACE_RANGES=1``), else None."""
+def server_state(url: str, key: str) -> Optional[dict]:
+    """One entry of a running server's ``/server_info`` scheduler state, else None."""
     with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
-        return json.loads(response.read())["internal_states"][0].get("ddtree_host_ranges")
+        return json.loads(response.read())["internal_states"][0].get(key)
+
+
+def server_host_ranges(url: str) -> Optional[dict]:
+    """A running server's ``ddtree_host_ranges`` (``SGLANG_DDTREE_TRACE_RANGES=1``), else None."""
+    return server_state(url, "ddtree_host_ranges")
 
 
 def host_ms_per_iteration(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
@@ -143,6 +148,8 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
         "gpu_phase_ms": {p: round(ms, 3) for p, ms in phase_means(before, after).items()} if phases else None,
         "simulated_tau": args.simulate_tau.get(config.split()[0]),
         "host_ms_per_iteration": host_ms_per_iteration(host_before, host_after),
+        # --budget auto: steps per width so far, and the step times the server measured (milliseconds per width)
+        "auto_budget": server_state(url, "ddtree_budget_auto") if config == "ddtree auto" else None,
     }  # fmt: skip
     if not args.trace_steps:
         return cell

@@ -283,3 +283,11 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
     cells = calls[2:]
     assert cells == [step for t, c in [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 8)]
                      for step in [("warm-up", t, c, max(c, 2)), "flush", ("measure", t, c, 1)]]  # fmt: skip
+
+
+def test_the_auto_budget_widths_of_each_cell_are_reported_as_a_histogram():
+    cells = [{"temperature": 0.0, "concurrency": 8, "widths": [1, 2, 33], "steps": [30, 0, 10],
+              "measured_step_ms": {"8": [1.5, 1.6, 4.0]}}]  # fmt: skip
+    text = side_by_side.auto_budget_markdown(cells)
+    assert "| 0 | 8 | 1: 30 (75%), 33: 10 (25%) | bs<=8: [1.5, 1.6, 4.0] |" in text
+    assert side_by_side.auto_budget_markdown([]) == ""
