@@ -8,7 +8,9 @@ step's period, host and GPU together). Under overlap scheduling the host launche
 step before the previous one are in, so the interval that ends at a step's start reflects the GPU time of a step
 one or two before: the intervals ending at a block's first ``UNSAMPLED_STEPS`` steps are not sampled, and a sample
 needs that many steps before it to be this block's. Each width's time is the median of its samples; once every
-width has ``MIN_SAMPLES`` the row is fixed and the policy chooses.
+width has ``MIN_SAMPLES`` the row is fixed and the policy chooses. A bucket is measured again after
+``REMEASURE_AFTER_STEPS`` decode steps with its row: the contexts grow, and a wide verify's attention with them
+(about 1-2% of the steps are then spent at widths the policy would not choose).
 
 Batch sizes share a row per power of two (the next larger, as a CUDA graph pads a batch to the next captured size).
 Which steps are sampled depends only on the sequence of batch sizes and prefills, never on the clock, so every
@@ -29,6 +31,7 @@ BLOCK_STEPS = 7  # consecutive steps per width
 UNSAMPLED_STEPS = 3  # the intervals ending at a block's first steps may reflect the previous width's steps
 MIN_SAMPLES = 2  # per width before a row is final (a block cut by other batch sizes may sample fewer)
 LARGEST_BUCKET = 1024
+REMEASURE_AFTER_STEPS = 4096
 
 
 def bucket_of(batch_size: int) -> int:
@@ -59,12 +62,17 @@ class MeasuredStepTimes:
         on_row_measured: Callable[[int, list[float]], None],
         agree: Optional[Callable[[list[float]], list[float]]] = None,
         block_steps: int = BLOCK_STEPS,
+        remeasure_after: Optional[int] = REMEASURE_AFTER_STEPS,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``remeasure_after``: decode steps of a bucket with a final row before it is measured again (None:
+        never)."""
         if block_steps <= UNSAMPLED_STEPS:
             raise ValueError(f"block_steps must exceed the {UNSAMPLED_STEPS} unsampled steps, got {block_steps}")
         self.widths = list(widths)
         self.block_steps = block_steps
+        self.remeasure_after = remeasure_after
+        self._steps_with_row: dict[int, int] = {}
         self._on_row_measured = on_row_measured
         self._agree = agree or (lambda row: row)
         self._clock = clock
@@ -75,12 +83,16 @@ class MeasuredStepTimes:
         self._previous: Optional[_Step] = None
 
     def width_to_measure(self, batch_size: int) -> Optional[int]:
-        """The width this decode step verifies to measure its bucket's row, or None once the row is final."""
+        """The width this decode step verifies to measure its bucket's row, or None while the row is final."""
         now = self._clock()
         bucket = bucket_of(batch_size)
         previous, self._previous = self._previous, None
-        if bucket in self.rows:
-            return None
+        if bucket in self._steps_with_row:
+            self._steps_with_row[bucket] += 1
+            if self.remeasure_after is None or self._steps_with_row[bucket] <= self.remeasure_after:
+                return None
+            del self._steps_with_row[bucket]  # measured again from its first width; the policy keeps the old row
+            self._positions[bucket] = 0
         position = self._positions.get(bucket, 0)
         samples = self._samples.setdefault(bucket, [[] for _ in self.widths])
         width_index, step_in_block = divmod(position, self.block_steps)
@@ -104,6 +116,7 @@ class MeasuredStepTimes:
         self.samples[bucket] = self._samples.pop(bucket)
         row = self._agree([statistics.median(s) for s in self.samples[bucket]])
         self.rows[bucket] = row
+        self._steps_with_row[bucket] = 0
         self._on_row_measured(bucket, row)
 
     def report(self) -> dict[str, dict[int, list]]:

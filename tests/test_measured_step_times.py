@@ -70,6 +70,20 @@ def test_an_interval_that_reflects_an_earlier_width_is_never_sampled(lag):
     assert rows == [(1, pytest.approx([1.0, 2.0, 4.0, 9.0]))]
 
 
+def test_a_bucket_is_measured_again_after_its_row_served_a_while_and_the_new_row_replaces_it():
+    """Contexts grow and a wide verify's attention with them: after ``remeasure_after`` steps with its row, the
+    bucket measures every width again (the policy keeps the old row meanwhile) and the new row is passed on."""
+    clock, rows = FakeClock(), []
+    times = MeasuredStepTimes(WIDTHS, lambda bucket, row: rows.append((bucket, row)), remeasure_after=10, clock=clock)
+    measuring = len(WIDTHS) * BLOCK_STEPS
+    first = run_steps(times, clock, 1, lambda w: float(w), measuring + 10)
+    assert first[measuring:] == [None] * 10
+    again = run_steps(times, clock, 1, lambda w: 2.0 * w, measuring + 1)
+    assert again == [w for w in WIDTHS for _ in range(BLOCK_STEPS)] + [None]
+    assert rows == [(1, pytest.approx([1.0, 2.0, 4.0, 9.0])), (1, pytest.approx([2.0, 4.0, 8.0, 18.0]))]
+    assert times.report()["measured_step_ms"] == {1: [2.0, 4.0, 8.0, 18.0]}
+
+
 def test_batch_sizes_share_a_row_per_power_of_two_and_each_bucket_is_measured_on_its_own():
     assert [bucket_of(bs) for bs in (1, 2, 3, 4, 5, 8, 9, 1000, 5000)] == [1, 2, 4, 4, 8, 8, 16, 1024, 1024]
     clock, rows = FakeClock(), []
