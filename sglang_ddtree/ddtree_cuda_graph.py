@@ -45,6 +45,12 @@ def _is_ddtree_target(spec_algorithm: Any, is_draft_worker: bool) -> bool:
     return isinstance(spec_algorithm, DDTreeSpecAlgo) and not is_draft_worker
 
 
+def _is_ddtree_draft_block(forward_batch: ForwardBatch) -> bool:
+    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput
+
+    return forward_batch.forward_mode.is_target_verify() and isinstance(forward_batch.spec_info, DDTreeDraftBlockInput)
+
+
 def tree_verify_dummy(custom_mask: torch.Tensor, tree_width: int, spec_steps: int) -> DDTreeVerifyInput:
     """The shape-only verify input a tree-verify graph is captured with: it must carry a mask buffer."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
@@ -129,10 +135,32 @@ class GraphVerifyCheck:
 GRAPH_VERIFY_CHECK = GraphVerifyCheck()
 
 
+@dataclass
+class GraphDraftCheck:
+    """Tally of graph-replayed draft blocks compared with an eager re-run: the drafter's hidden states."""
+
+    blocks: int = 0
+    rows: int = 0
+    max_abs_diff: float = 0.0
+
+    def record(self, graph_hidden: torch.Tensor, eager_hidden: torch.Tensor) -> None:
+        diff = float((graph_hidden.float() - eager_hidden.float()).abs().max()) if graph_hidden.numel() else 0.0
+        self.blocks += 1
+        self.rows += graph_hidden.shape[0]
+        self.max_abs_diff = max(self.max_abs_diff, diff)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+GRAPH_DRAFT_CHECK = GraphDraftCheck()
+
+
 def compare_graph_verify_with_eager(
     original, graph_runner: DecodeCudaGraphRunner, forward_batch: ForwardBatch, *args, **kwargs
 ):
-    """AROUND ``DecodeCudaGraphRunner.execute``: re-run each DDTREE tree verify eagerly and compare logits.
+    """AROUND ``DecodeCudaGraphRunner.execute``: re-run each DDTREE tree verify eagerly and compare logits (and
+    each draft block, comparing the drafter's hidden states: its plan is DDTREE's too, ``flashinfer_tree_plan``).
 
     The eager pass writes the same nodes' KV to the same slots. A hybrid (GDN) target's verify also moves the
     requests' recurrent state (conv windows are shifted in place, node states written): the eager pass starts
@@ -140,6 +168,12 @@ def compare_graph_verify_with_eager(
     is the graph's; the graph's output is returned.
     """
     runner = graph_runner.model_runner
+    if _is_ddtree_draft_block(forward_batch):
+        output = original(graph_runner, forward_batch, *args, **kwargs)
+        graph_hidden = output.hidden_states.clone()  # the eager re-run rewrites the same draft KV slots
+        runner.attn_backend.init_forward_metadata(forward_batch)
+        GRAPH_DRAFT_CHECK.record(graph_hidden, runner.eager_runner.execute(forward_batch).hidden_states)
+        return output
     if not (
         forward_batch.forward_mode.is_target_verify()
         and _is_ddtree_target(runner.spec_algorithm, runner.is_draft_worker)
@@ -183,3 +217,7 @@ def _restore_recurrent_state(runner, copies: list[torch.Tensor]) -> None:
 
 def graph_verify_check_report() -> Optional[dict]:
     return GRAPH_VERIFY_CHECK.as_dict() if graph_verify_check_requested() else None
+
+
+def graph_draft_check_report() -> Optional[dict]:
+    return GRAPH_DRAFT_CHECK.as_dict() if graph_verify_check_requested() else None

@@ -1,4 +1,5 @@
-"""Verify-step data of DDTree: an ``EagleVerifyInput`` whose tree has an irregular shape."""
+"""Step data of DDTree: the tree verify's ``EagleVerifyInput`` with an irregular tree, and the draft block's
+``DFlashVerifyInput`` with its key lengths on the host."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
@@ -32,3 +34,12 @@ class DDTreeVerifyInput(EagleVerifyInput):
     def tree_topk(self) -> int:
         """Irregular tree (per-depth branching follows the budget), as for NGRAM."""
         return -1
+
+
+@dataclass
+class DDTreeDraftBlockInput(DFlashVerifyInput):
+    """The drafter's block forward (``[bonus, MASK x (block-1)]`` per request over its draft KV), as DFlash runs it,
+    plus the step's key lengths on the host when they were read (``kv_lens_cpu``: prefix + block) so that a graph
+    replay plans FlashInfer without reading the device (``flashinfer_tree_plan``); None otherwise."""
+
+    kv_lens_cpu: Optional[torch.Tensor] = None

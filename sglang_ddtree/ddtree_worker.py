@@ -9,8 +9,9 @@ Per decode step, for a batch of requests with independent trees:
    in the same CUDA graph when the batch replays one.
 2. Tree: the verify tensors and the FULL tree mask of the expanded trees (they depend on the sequence
    lengths, so they stay outside the graph). With FlashInfer and CUDA graphs (dense targets) the step reads
-   the sequence lengths back once, before the draft launch, so that the verify graph's FlashInfer plan needs
-   no reads of its own (``flashinfer_tree_plan``): one blocking read per step instead of four after the draft.
+   the sequence lengths back once, before the draft launch, so that the draft block's and the verify graph's
+   FlashInfer plans need no reads of their own (``flashinfer_tree_plan``): one blocking read per step instead of
+   three before the draft and four after it.
 3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
    tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
    accepted nodes' KV to the front and commits the recurrent state of hybrid models.
@@ -50,7 +51,7 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from sglang_ddtree.ddtree_auto_budget import AutoBudget
 from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead, DraftTree
-from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput, DDTreeVerifyInput
 from sglang_ddtree.ddtree_simulation import CURRENT_TREE, check_simulation_settings, simulated_acceptance_mean
 from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
 from sglang_ddtree.ddtree_step_profile import STEP_PROFILE
@@ -108,7 +109,15 @@ class DDTreeWorker(DFlashWorkerV2):
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
         self._cuda_graphs = not server_args.disable_cuda_graph
-        self._plans_from_host_lengths = False  # decided in init_attention_backends, once the target's exist
+        # Decided in init_attention_backends, once the target's backends exist.
+        self._plans_from_host_lengths = False
+        self._draft_plans_from_host_lengths = False
+        self._draft_block_spec_info = DDTreeDraftBlockInput(
+            draft_token=torch.empty((0,), dtype=torch.long, device=self.device),
+            positions=torch.empty((0,), dtype=torch.int64, device=self.device),
+            draft_token_num=int(self.block_size),
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
         # None: a fixed budget.
         self._auto_budget = AutoBudget.from_environment(self.tree_width, self.device, agree=_mean_over_tp_ranks)
         self._verify_graphs: Optional[VerifyGraphsPerWidth] = None  # captured in init_cuda_graphs under auto
@@ -124,6 +133,9 @@ class DDTreeWorker(DFlashWorkerV2):
         super().init_attention_backends()
         self._plans_from_host_lengths = verify_planned_from_host_lengths(
             getattr(self.target_worker.model_runner, "attn_backend", None), self._cuda_graphs
+        )
+        self._draft_plans_from_host_lengths = verify_planned_from_host_lengths(
+            getattr(self.draft_model_runner, "attn_backend", None), self._cuda_graphs
         )
 
     def init_cuda_graphs(self) -> None:
@@ -177,11 +189,12 @@ class DDTreeWorker(DFlashWorkerV2):
         timer = STEP_PROFILE.start(self.device)
         prefix_lens = batch.seq_lens
         width = self._auto_budget.next_width(len(prefix_lens)) if self._auto_budget is not None else self.tree_width
-        kv_lens_cpu = self._host_kv_lens(batch, width)  # before the draft launch: see _host_kv_lens
+        prefix_lens_cpu = self._host_prefix_lens(batch, width)  # before the draft launch: see _host_prefix_lens
+        kv_lens_cpu = self._verify_kv_lens(prefix_lens_cpu, width)
         drafted = None
         if width > 1:
             with traced_range("_draft_block"):
-                draft_out = self._draft_block(batch, draft_input)
+                draft_out = self._draft_block(batch, draft_input, prefix_lens_cpu)
             timer.mark()
             if self._draft_sampler is not None and draft_out.can_run_graph:
                 drafted = self._draft_head.tree(len(prefix_lens))  # written by the draft graph's replay
@@ -266,10 +279,16 @@ class DDTreeWorker(DFlashWorkerV2):
             read_done.record()
             self.war_fastpath_runner.war_fastpath_read_done_event = read_done
 
-    def _draft_block(self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2):
+    def _draft_block(
+        self, batch: ScheduleBatch, draft_input: DFlashDraftInputV2, prefix_lens_cpu: Optional[torch.Tensor]
+    ):
         """Run the drafter on ``[bonus, MASK...]`` per request; returns the draft runner's output (hidden states
-        ``[bs * block, H]``; ``can_run_graph`` when the replayed graph also ran the head)."""
+        ``[bs * block, H]``; ``can_run_graph`` when the replayed graph also ran the head). ``prefix_lens_cpu``: the
+        exact committed lengths on the host, when read for a plan without device reads."""
         bs, block_size = len(batch.seq_lens), int(self.block_size)
+        self._draft_block_spec_info.kv_lens_cpu = (
+            prefix_lens_cpu + block_size if prefix_lens_cpu is not None and self._draft_plans_from_host_lengths else None
+        )
         self._ensure_draft_block_buffers(bs)
         block_ids = self._draft_block_ids_buf[:bs]
         positions = self._draft_block_positions_buf[:bs]
@@ -313,19 +332,27 @@ class DDTreeWorker(DFlashWorkerV2):
             return batch.seq_lens_cpu
         return draft_input.reserved_seq_lens_cpu
 
-    def _host_kv_lens(self, batch: ScheduleBatch, width: int) -> Optional[torch.Tensor]:
-        """The verify's key lengths on the host, for a FlashInfer verify-graph plan that reads nothing back.
+    def _host_prefix_lens(self, batch: ScheduleBatch, width: int) -> Optional[torch.Tensor]:
+        """The committed lengths on the host, for FlashInfer plans of the draft block and the verify graph that
+        read nothing back.
 
         Under overlap scheduling the host knows the committed lengths only a step late, and FlashInfer's plan
         cannot take bounds (a key chunk planned past a request's real length underflows in its kernel: the
         upper-bound version failed the GPU suite, tests/gpu/RESULTS.md run 38). So the step reads the device
         lengths once, here, where the GPU has finished the previous step's verify or is about to: FlashInfer's
         plans would otherwise read them back twice per step (the draft block's and the verify's, the latter
-        after the draft forward). Only where that plan runs (FlashInfer, CUDA graphs, a width with verify graphs).
+        after the draft forward). Only where such a plan runs (FlashInfer, CUDA graphs; the verify at a width with
+        verify graphs, the draft block at any width but 1).
         """
-        if not self._plans_from_host_lengths or not self._has_verify_graph(width):
+        verify = self._plans_from_host_lengths and self._has_verify_graph(width)
+        draft = self._draft_plans_from_host_lengths and width > 1
+        return batch.seq_lens.to("cpu", torch.int32) if verify or draft else None
+
+    def _verify_kv_lens(self, prefix_lens_cpu: Optional[torch.Tensor], width: int) -> Optional[torch.Tensor]:
+        """The verify's key lengths on the host (prefix + tree), where its graph's plan takes them."""
+        if prefix_lens_cpu is None or not self._plans_from_host_lengths or not self._has_verify_graph(width):
             return None
-        return (batch.seq_lens + width).to("cpu", torch.int32)
+        return prefix_lens_cpu + width
 
     def _has_verify_graph(self, width: int) -> bool:
         if self._verify_graphs is not None:

@@ -1,4 +1,5 @@
-"""A tree verify's FlashInfer plan from host lengths, with the mask packed on the device (DDTREE verify graphs).
+"""FlashInfer plans of DDTREE's graph replays from host lengths: the tree verify's (its mask packed on the device)
+and the draft block's.
 
 Before each replay of a tree-verify graph SGLang 0.5.17 re-plans FlashInfer's paged prefill
 (``FlashInferIndicesUpdaterPrefill.call_begin_forward`` -> ``BatchPrefillWithPagedKVCacheWrapper.plan``) with the
@@ -11,14 +12,16 @@ SGLang already has the replacement for its EAGLE draft-extend graph (``fast_pref
 from host-known lengths). This AROUND hook uses it for DDTREE's verify graphs, with
 
 - the key lengths on the host (``DDTreeVerifyInput.kv_lens_cpu``), read by the worker once at the start of the
-  step, before the draft launch (``DDTreeWorker._host_kv_lens``). They must be exact: planned from upper
+  step, before the draft launch (``DDTreeWorker._host_prefix_lens``). They must be exact: planned from upper
   bounds (what the host knows without reading the device under overlap scheduling), FlashInfer's kernel gets
   key chunks that start past a request's real length, and the verify was wrong (run 38);
 - the packed mask and its byte offsets written by ``kernels/tree_mask_packed.py`` straight into the graph's
   mask buffers, from the trees' ancestor bits and the device lengths (no boolean-mask packing pass).
 
-Anything else (eager verifies, the capture's own plans, other algorithms, sliding-window or paged KV layouts,
-other FlashInfer backends) keeps SGLang's path. ``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0`` turns it off
+The drafter's block forward (DFlash's, ``[bonus, MASK...]`` per request over the draft KV, no mask) is planned the
+same way, from the same read (``DDTreeDraftBlockInput.kv_lens_cpu``: prefix + block): its plan read three more
+lengths back, before the draft could launch. Anything else (eager forwards, the capture's own plans, other
+algorithms, sliding-window or paged KV layouts, other FlashInfer backends) keeps SGLang's path. ``SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN=0`` turns it off
 (for side-by-side measurements).
 """
 
@@ -34,7 +37,7 @@ from sglang_ddtree.env_flags import env_flag
 
 SYNC_FREE_PLAN_ENV = "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"
 CALL_BEGIN_FORWARD = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward"
-_counts = {"sync_free_plans": 0, "upstream_plans": 0}
+_counts = {"sync_free_plans": 0, "upstream_plans": 0, "sync_free_draft_plans": 0, "upstream_draft_plans": 0}
 
 
 def sync_free_plan_enabled() -> bool:
@@ -57,13 +60,12 @@ def _signature(function: Callable[..., Any]) -> inspect.Signature:
     return inspect.signature(function)
 
 
-def _replayable_tree_verify(updater: Any, call: inspect.BoundArguments) -> bool:
-    """A DDTREE verify planned for a captured graph's replay, in the one layout the fast path covers."""
+def _replayable(updater: Any, call: inspect.BoundArguments) -> bool:
+    """A DDTREE verify or draft block planned for a captured graph's replay, in the one layout the fast path
+    covers, with its key lengths on the host."""
     args, wrapper = call.arguments, call.arguments["wrapper_paged"]
-    spec_info = args["spec_info"]
     return (
-        spec_info.kv_lens_cpu is not None
-        and spec_info.ancestor_bits is not None
+        args["spec_info"].kv_lens_cpu is not None
         and not args["use_ragged"]
         and not args.get("use_sliding_window_kv_pool", False)
         and args.get("multi_item_params") is None
@@ -74,33 +76,67 @@ def _replayable_tree_verify(updater: Any, call: inspect.BoundArguments) -> bool:
         and getattr(wrapper, "is_cuda_graph_enabled", False)
         and getattr(wrapper, "_backend", None) == "fa2"
         and getattr(wrapper, "_cached_module", None) is not None  # planned once already, at capture
+    )
+
+
+def _has_packed_mask_buffers(wrapper: Any, spec_info: Any) -> bool:
+    return (
+        spec_info.ancestor_bits is not None
         and torch.is_tensor(getattr(wrapper, "_custom_mask_buf", None))
         and torch.is_tensor(getattr(wrapper, "_mask_indptr_buf", None))
     )
 
 
-def plan_tree_verify_without_host_sync(original: Callable[..., None], updater: Any, *args: Any, **kwargs: Any) -> None:
-    """AROUND ``FlashInferIndicesUpdaterPrefill.call_begin_forward``."""
+def _padded_host_lengths(updater: Any, spec_info: Any, seq_lens: torch.Tensor, queries: int) -> torch.Tensor:
+    """The host key lengths of the graph's whole batch: the requests', then its padding rows' (SGLang's fill
+    value plus the queries, as ``generate_attn_arg_prefill`` computes them on the device)."""
+    bs, requests = len(seq_lens), len(spec_info.kv_lens_cpu)
+    padding = torch.full((bs - requests,), updater.attn_backend.get_cuda_graph_seq_len_fill_value() + queries)
+    return torch.cat([spec_info.kv_lens_cpu, padding]).to(torch.int32)
+
+
+def _plan_from_host_lengths(updater: Any, wrapper: Any, kv_lens_host: torch.Tensor, queries: int,
+                            device_layout: tuple, call: inspect.BoundArguments) -> None:  # fmt: skip
+    """SGLang's ``fast_prefill_plan`` with ``queries`` rows per request and the given host key lengths."""
     from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan
 
-    from sglang_ddtree.kernels.tree_mask_packed import pack_tree_mask, packed_mask_bytes
+    kv_indices, kv_indptr, qo_indptr = device_layout
+    bs = len(kv_lens_host)
+    kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
+    torch.cumsum(kv_lens_host, 0, out=kv_indptr_host[1:])
+    fast_prefill_plan(
+        wrapper, qo_indptr, kv_indptr, kv_indices, updater.kv_last_page_len[:bs], updater.num_qo_heads,
+        updater.num_kv_heads, updater.head_dim, 1, q_data_type=updater.q_data_type, kv_data_type=updater.data_type,
+        non_blocking=True, fixed_split_size=call.arguments.get("fixed_split_size"),
+        qo_indptr_host=torch.arange(0, (bs + 1) * queries, queries, dtype=torch.int32), kv_indptr_host=kv_indptr_host,
+        kv_lens_host=kv_lens_host, max_q_len=queries, max_kv_len=int(kv_lens_host.max()),
+    )  # fmt: skip
 
-    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+
+def plan_tree_verify_without_host_sync(original: Callable[..., None], updater: Any, *args: Any, **kwargs: Any) -> None:
+    """AROUND ``FlashInferIndicesUpdaterPrefill.call_begin_forward``."""
+    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput, DDTreeVerifyInput
 
     call = _signature(original).bind(updater, *args, **kwargs)
     spec_info = call.arguments.get("spec_info")
-    if not isinstance(spec_info, DDTreeVerifyInput):
-        return original(updater, *args, **kwargs)
+    if isinstance(spec_info, DDTreeVerifyInput):
+        return _plan_tree_verify(original, updater, call, args, kwargs)
+    if isinstance(spec_info, DDTreeDraftBlockInput):
+        return _plan_draft_block(original, updater, call, args, kwargs)
+    return original(updater, *args, **kwargs)
+
+
+def _plan_tree_verify(original: Callable[..., None], updater: Any, call: inspect.BoundArguments, args: tuple,
+                      kwargs: dict) -> None:  # fmt: skip
+    from sglang_ddtree.kernels.tree_mask_packed import pack_tree_mask, packed_mask_bytes
+
     call.apply_defaults()
-    wrapper = call.arguments["wrapper_paged"]
-    if not sync_free_plan_enabled() or not _replayable_tree_verify(updater, call):
+    spec_info, wrapper = call.arguments["spec_info"], call.arguments["wrapper_paged"]
+    if not sync_free_plan_enabled() or not _replayable(updater, call) or not _has_packed_mask_buffers(wrapper, spec_info):
         _counts["upstream_plans"] += 1
         return original(updater, *args, **kwargs)
-    n = int(spec_info.draft_token_num)
-    seq_lens = call.arguments["seq_lens"]
-    bs, trees = len(seq_lens), len(spec_info.kv_lens_cpu)  # the graph's batch: the trees, then padding
-    padding = torch.full((bs - trees,), updater.attn_backend.get_cuda_graph_seq_len_fill_value() + n)
-    kv_lens_host = torch.cat([spec_info.kv_lens_cpu, padding]).to(torch.int32)
+    n, seq_lens = int(spec_info.draft_token_num), call.arguments["seq_lens"]
+    kv_lens_host = _padded_host_lengths(updater, spec_info, seq_lens, n)
     if packed_mask_bytes(kv_lens_host, n) > wrapper._custom_mask_buf.numel():
         _counts["upstream_plans"] += 1
         return original(updater, *args, **kwargs)
@@ -108,22 +144,34 @@ def plan_tree_verify_without_host_sync(original: Callable[..., None], updater: A
         call.arguments["req_pool_indices"], call.arguments["paged_kernel_lens"],
         call.arguments["paged_kernel_lens_sum"], updater.req_to_token,
     )  # fmt: skip
-    kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
-    torch.cumsum(kv_lens_host, 0, out=kv_indptr_host[1:])
-    fast_prefill_plan(
-        wrapper, qo_indptr, kv_indptr, kv_indices, updater.kv_last_page_len[:bs], updater.num_qo_heads,
-        updater.num_kv_heads, updater.head_dim, 1, q_data_type=updater.q_data_type, kv_data_type=updater.data_type,
-        non_blocking=True, fixed_split_size=call.arguments.get("fixed_split_size"),
-        qo_indptr_host=torch.arange(0, (bs + 1) * n, n, dtype=torch.int32), kv_indptr_host=kv_indptr_host,
-        kv_lens_host=kv_lens_host, max_q_len=n, max_kv_len=int(kv_lens_host.max()),
-    )  # fmt: skip
+    _plan_from_host_lengths(updater, wrapper, kv_lens_host, n, (kv_indices, kv_indptr, qo_indptr), call)
     pack_tree_mask(spec_info.ancestor_bits, seq_lens, wrapper._custom_mask_buf, wrapper._mask_indptr_buf)
     _counts["sync_free_plans"] += 1
     return None
 
 
+def _plan_draft_block(original: Callable[..., None], updater: Any, call: inspect.BoundArguments, args: tuple,
+                      kwargs: dict) -> None:  # fmt: skip
+    """The draft block: every query of a request sees all of its keys (no mask), as DFlash plans it."""
+    call.apply_defaults()
+    spec_info, wrapper = call.arguments["spec_info"], call.arguments["wrapper_paged"]
+    if not sync_free_plan_enabled() or not _replayable(updater, call) or spec_info.custom_mask is not None:
+        _counts["upstream_draft_plans"] += 1
+        return original(updater, *args, **kwargs)
+    block = int(spec_info.draft_token_num)
+    kv_lens_host = _padded_host_lengths(updater, spec_info, call.arguments["seq_lens"], block)
+    kv_indices, kv_indptr, qo_indptr, _ = spec_info.generate_attn_arg_prefill(
+        call.arguments["req_pool_indices"], call.arguments["paged_kernel_lens"],
+        call.arguments["paged_kernel_lens_sum"], updater.req_to_token, kv_start_idx=call.arguments["kv_start_idx"],
+    )  # fmt: skip
+    _plan_from_host_lengths(updater, wrapper, kv_lens_host, block, (kv_indices, kv_indptr, qo_indptr), call)
+    _counts["sync_free_draft_plans"] += 1
+    return None
+
+
 def sync_free_plan_report() -> dict[str, int] | None:
-    """For ``/server_info``: how many DDTREE verify plans took each path in this process (None before any)."""
+    """For ``/server_info``: how many DDTREE verify and draft-block plans took each path in this process (None
+    before any)."""
     return dict(_counts) if any(_counts.values()) else None
 
 

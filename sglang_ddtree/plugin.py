@@ -38,7 +38,7 @@ def report_plugin_in_internal_state(
     requests (the benchmark records it with every run).
     """
     from sglang_ddtree.ddtree_auto_budget import auto_budget_report
-    from sglang_ddtree.ddtree_cuda_graph import graph_verify_check_report
+    from sglang_ddtree.ddtree_cuda_graph import graph_draft_check_report, graph_verify_check_report
     from sglang_ddtree.ddtree_step_profile import step_profile_report
     from sglang_ddtree.ddtree_trace_ranges import host_ranges_report
     from sglang_ddtree.flashinfer_tree_plan import sync_free_plan_report
@@ -48,6 +48,7 @@ def report_plugin_in_internal_state(
 
     output.internal_state["sglang_ddtree_version"] = sglang_ddtree.__version__
     for name, report in (("ddtree_graph_verify_check", graph_verify_check_report()),
+                         ("ddtree_graph_draft_check", graph_draft_check_report()),
                          ("ddtree_tp_tree_check", tp_tree_check_report()),
                          ("ddtree_step_profile", step_profile_report()),
                          ("ddtree_host_ranges", host_ranges_report()),

@@ -102,3 +102,29 @@ def test_graph_verify_check_counts_rows_that_pick_another_token():
     check.record(causal, graph)
     assert check.verifies == 2 and check.rows == 4
     assert check.argmax_mismatches == 1 and check.max_abs_diff == 3.0
+
+
+def test_each_graph_replayed_draft_block_is_re_run_eagerly_and_its_hidden_states_compared(hooked):
+    """The draft block's graph replays are planned by DDTREE too (``flashinfer_tree_plan``), so the debug check
+    re-runs each eagerly, after SGLang's own plan, and tallies how far the drafter's hidden states moved; the
+    step goes on with the graph's output."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_ddtree import ddtree_cuda_graph
+    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput
+
+    planned = []
+    graph_out = SimpleNamespace(hidden_states=torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    eager_out = SimpleNamespace(hidden_states=torch.tensor([[1.0, 2.0], [3.0, 4.5]]))
+    runner = graph_runner(hooked.ddtree, is_draft_worker=True)
+    runner.model_runner.attn_backend = SimpleNamespace(init_forward_metadata=planned.append)
+    runner.model_runner.eager_runner = SimpleNamespace(execute=lambda forward_batch: eager_out)
+    spec_info = DDTreeDraftBlockInput(draft_token=torch.empty(0), positions=torch.empty(0), draft_token_num=4)
+    forward_batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, spec_info=spec_info)
+    before = ddtree_cuda_graph.GRAPH_DRAFT_CHECK.as_dict()
+
+    out = ddtree_cuda_graph.compare_graph_verify_with_eager(lambda graph_runner, batch: graph_out, runner, forward_batch)
+    assert out is graph_out and planned == [forward_batch]
+    after = ddtree_cuda_graph.GRAPH_DRAFT_CHECK.as_dict()
+    assert after["blocks"] == before["blocks"] + 1 and after["rows"] == before["rows"] + 2
+    assert after["max_abs_diff"] >= 0.5

@@ -1,4 +1,5 @@
-"""DDTREE's verify-graph replays plan FlashInfer from host lengths, with the mask packed on the device.
+"""DDTREE's verify-graph replays plan FlashInfer from host lengths, with the mask packed on the device, and so do
+its draft-block replays (no mask).
 
 FlashInfer itself does not run on the CPU, so the wrapper is a stand-in carrying the attributes the hook
 checks, and SGLang's ``fast_prefill_plan`` is replaced by a recorder: these tests pin what the hook hands
@@ -110,6 +111,46 @@ def test_everything_else_keeps_sglangs_plan(monkeypatch, case):
     assert updater.upstream_calls == 1 and plans == []
 
 
+BLOCK = 4
+
+
+def draft_block_spec_info(host_lens):
+    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput
+
+    spec_info = DDTreeDraftBlockInput(draft_token=torch.empty(0, dtype=torch.long), positions=torch.empty(0),
+                                      draft_token_num=BLOCK)  # fmt: skip
+    spec_info.kv_lens_cpu = None if host_lens is None else torch.tensor(host_lens) + BLOCK
+    return spec_info
+
+
+def test_a_draft_block_replay_is_planned_from_the_host_lengths_without_a_mask(monkeypatch):
+    """The drafter's block attends to every key of its request (prefix and block): the plan gets the host lengths,
+    ``BLOCK`` queries per request, no mask, and the graph's mask buffers are left alone."""
+    before = dict(flashinfer_tree_plan._counts)
+    updater, wrapper, plans = replay(monkeypatch, draft_block_spec_info(SEQ_LENS))
+
+    assert updater.upstream_calls == 0 and len(plans) == 1
+    args, kwargs = plans[0]
+    kv_lens = [SEQ_LENS[0] + BLOCK, SEQ_LENS[1] + BLOCK, FILL + BLOCK, FILL + BLOCK]
+    assert kwargs["qo_indptr_host"].tolist() == list(range(0, 5 * BLOCK, BLOCK)) == args[0].tolist()
+    assert kwargs["kv_lens_host"].tolist() == kv_lens and kwargs["max_q_len"] == BLOCK
+    assert args[1].tolist() == np.cumsum([0, *kv_lens]).tolist() == kwargs["kv_indptr_host"].tolist()
+    assert "custom_mask" not in kwargs and not kwargs.get("causal", False)
+    assert int(wrapper._custom_mask_buf.sum()) == 0 and int(wrapper._mask_indptr_buf.sum()) == 0
+    assert flashinfer_tree_plan._counts["sync_free_draft_plans"] == before["sync_free_draft_plans"] + 1
+
+
+@pytest.mark.parametrize("case", ["capture (no plan yet)", "no host lengths", "turned off"])
+def test_a_draft_block_otherwise_keeps_sglangs_plan(monkeypatch, case):
+    if case == "turned off":
+        monkeypatch.setenv(flashinfer_tree_plan.SYNC_FREE_PLAN_ENV, "0")
+    spec_info = draft_block_spec_info(None if case == "no host lengths" else SEQ_LENS)
+    before = dict(flashinfer_tree_plan._counts)
+    updater, _, plans = replay(monkeypatch, spec_info, planned=case != "capture (no plan yet)")
+    assert updater.upstream_calls == 1 and plans == []
+    assert flashinfer_tree_plan._counts["upstream_draft_plans"] == before["upstream_draft_plans"] + 1
+
+
 def test_only_a_dense_flashinfer_target_with_graphs_has_its_verify_planned_from_host_lengths(monkeypatch):
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
@@ -146,5 +187,6 @@ def test_the_worker_decides_once_the_targets_attention_backend_exists(monkeypatc
     worker = object.__new__(DDTreeWorker)
     worker._cuda_graphs = True
     worker._target_worker = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=object.__new__(FlashInferAttnBackend)))
+    worker.draft_model_runner = SimpleNamespace(attn_backend=object.__new__(FlashInferAttnBackend))
     worker.init_attention_backends()
-    assert worker._plans_from_host_lengths
+    assert worker._plans_from_host_lengths and worker._draft_plans_from_host_lengths

@@ -161,17 +161,23 @@ def assert_every_width_replayed_its_own_graphs(url: str, backend: str, widths: l
 @pytest.mark.servers("ar", "ddtree_graphs")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, backend):
-    """Every tree verify that replayed a CUDA graph was re-run eagerly on the same batch by the server."""
+    """Every tree verify and draft block that replayed a CUDA graph was re-run eagerly on the same batch by the
+    server."""
     url = url_of(servers, "ddtree_graphs", backend)
     generate_all(url, PROMPTS[:4], NEW_TOKENS)
     state = http_json(url + "/server_info")["internal_states"][0]
     check = state["ddtree_graph_verify_check"]
     record({"test": "ddtree_graph_check", "backend": backend, **check, "plans": state.get("ddtree_flashinfer_plans")})
+    draft = state["ddtree_graph_draft_check"]
+    record({"test": "ddtree_graph_draft_check", "backend": backend, **draft})
     if backend == "flashinfer":  # the replays were planned without reading the device (flashinfer_tree_plan)
-        assert state["ddtree_flashinfer_plans"]["sync_free_plans"] >= check["verifies"], state["ddtree_flashinfer_plans"]
+        plans = state["ddtree_flashinfer_plans"]
+        assert plans["sync_free_plans"] >= check["verifies"] and plans["sync_free_draft_plans"] >= draft["blocks"], plans
     assert check["verifies"] > 0 and check["rows"] >= check["verifies"] * (BUDGET + 1)
     assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
+    # The drafter's hidden states of each replayed draft block, against an eager re-run (same bound as logits).
+    assert draft["blocks"] > 0 and draft["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF, draft
 
 
 @pytest.mark.servers("ar", "ddtree_graphs")
