@@ -33,22 +33,30 @@ def wy_verify_requested() -> bool:
     return env_flag(WY_VERIFY_ENV)
 
 
-def _serving_ddtree() -> bool:
+def serving_ddtree() -> bool:
     import sglang_ddtree
     from sglang.srt.runtime_context import get_spec
 
     return get_spec().speculative_algorithm == sglang_ddtree.DDTREE_ALGORITHM_NAME
 
 
-def _float32_state(buffer: torch.Tensor) -> bool:
+def float32_states(dtype: torch.dtype) -> bool:
     global _warned
-    if buffer.dtype == torch.float32:
+    if dtype == torch.float32:
         return True
     if not _warned:
         logger.warning("%s=1 needs float32 GDN states; %s states keep SGLang's per-node snapshots", WY_VERIFY_ENV,
-                       buffer.dtype)  # fmt: skip
+                       dtype)  # fmt: skip
         _warned = True
     return False
+
+
+def tree_capacity() -> int:
+    """N, the tree width every workspace is laid out for: the per-node buffers' node count SGLang sizes
+    (``max_speculative_num_draft_tokens``), not the SSM buffer's, which holds only the workspace's states."""
+    from sglang.srt.runtime_context import get_server_args
+
+    return int(get_server_args().max_speculative_num_draft_tokens)
 
 
 def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispatcher: Any, A_log: torch.Tensor,
@@ -58,14 +66,14 @@ def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispa
     from sglang_ddtree.kernels.gdn_tree import gdn_tree_verify
 
     parents, snapshots = kwargs.get("retrieve_parent_token"), kwargs.get("intermediate_states_buffer")
-    if parents is None or snapshots is None or not _serving_ddtree() or not _float32_state(snapshots):
+    if parents is None or snapshots is None or not serving_ddtree() or not float32_states(snapshots.dtype):
         return original(dispatcher, A_log, dt_bias, q, k, v, a, b, **kwargs)
     bs, T = parents.shape
     out = gdn_tree_verify(
         q.view(bs, T, *q.shape[2:]), k.view(bs, T, *k.shape[2:]), v.view(bs, T, *v.shape[2:]),
         a.view(bs, T, -1), b.view(bs, T, -1), A_log, dt_bias, kwargs["ssm_states"], kwargs["cache_indices"][:bs],
         parents, snapshots.view(snapshots.shape[0], -1), kwargs["intermediate_state_indices"][:bs],
-        scale=q.shape[-1] ** -0.5, capacity=snapshots.shape[1],
+        scale=q.shape[-1] ** -0.5, capacity=tree_capacity(),
     )  # fmt: skip
     _counts["layer_verifies"] += 1
     return out.view_as(v)
@@ -76,9 +84,10 @@ def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Te
     """AROUND ``fused_mamba_state_scatter_with_mask`` (the SSM part of SGLang's commit after a verify)."""
     from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit
 
-    if not _serving_ddtree() or not _float32_state(src):
+    if not serving_ddtree() or not float32_states(src.dtype):
         return original(dst, src, dst_indices_raw, step_indices_raw)
-    layers, requests, capacity = src.shape[:3]  # the layout every verify wrote, whatever its tree's width
+    layers, requests = src.shape[:2]
+    capacity = tree_capacity()  # the layout every verify wrote, whatever its tree's width
     gdn_tree_commit(dst, src.view(layers, requests, -1), dst_indices_raw, step_indices_raw, capacity)
     _counts["commits"] += 1
     return None
