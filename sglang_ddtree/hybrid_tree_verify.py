@@ -6,9 +6,10 @@ SGLang 0.5.17 verifies a tree through a GDN layer node by node (``GDNKernelDispa
 by copying the accepted node's (and a prefix-cache track node's) snapshot into the pool
 (``fused_mamba_state_scatter_with_mask``). Two AROUND hooks put ``kernels/gdn_tree.py`` in their place on a
 DDTREE server: the verify computes every node's output from the root state and leaves the commit data in the
-request's row of that same buffer, and the scatter builds the requested nodes' states from it. The conv windows
-keep SGLang's per-node path (a few KiB per node). A float32 state buffer is required (the commit data are
-float32); with ``--mamba-ssm-dtype bfloat16`` both hooks leave SGLang's path in place and say so once.
+request's row of that same buffer, and the scatter builds the requested nodes' states from it. That row holds
+only the workspace's states, not N (``gdn_workspace_pool``). The conv windows keep SGLang's per-node path (a few
+KiB per node). A float32 state buffer is required (the commit data are float32); with ``--mamba-ssm-dtype
+bfloat16`` both hooks (and the buffer's size) leave SGLang's path in place and say so once.
 """
 
 from __future__ import annotations
@@ -93,12 +94,20 @@ def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Te
     return None
 
 
-def wy_verify_report() -> dict[str, int] | None:
+def wy_verify_report() -> dict[str, Any] | None:
     """For ``/server_info``: how often this process ran the snapshot-free verify and commit (the verify counts
-    Python calls, so a CUDA-graph replay is counted once, at its capture)."""
-    return dict(_counts) if wy_verify_requested() else None
+    Python calls, so a CUDA-graph replay is counted once, at its capture), and the per-request buffer it had."""
+    from sglang_ddtree.gdn_workspace_pool import workspace_pool_report
+
+    if not wy_verify_requested():
+        return None
+    pool = workspace_pool_report()
+    return {**_counts, **({"intermediate_buffers": pool} if pool is not None else {})}
 
 
 def register(registry: Any, hook_type: Any) -> None:
+    from sglang_ddtree import gdn_workspace_pool
+
     registry.register(VERIFY_TARGET, verify_tree_from_the_root_state, hook_type.AROUND)
     registry.register(SCATTER_TARGET, commit_nodes_from_the_workspace, hook_type.AROUND)
+    gdn_workspace_pool.register(registry, hook_type)
