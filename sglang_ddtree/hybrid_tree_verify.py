@@ -6,9 +6,10 @@ SGLang 0.5.17 verifies a tree through a GDN layer node by node (``GDNKernelDispa
 by copying the accepted node's (and a prefix-cache track node's) snapshot into the pool
 (``fused_mamba_state_scatter_with_mask``). Two AROUND hooks put ``kernels/gdn_tree.py`` in their place on a
 DDTREE server: the verify computes every node's output from the root state and leaves the commit data in the
-request's row of that same buffer, and the scatter builds the requested nodes' states from it. The conv windows
-keep SGLang's per-node path (a few KiB per node). A float32 state buffer is required (the commit data are
-float32); with ``--mamba-ssm-dtype bfloat16`` both hooks leave SGLang's path in place and say so once.
+request's row of that same buffer, and the scatter builds the requested nodes' states from it. That row holds
+only the workspace's states, not N (``gdn_workspace_pool``). The conv windows keep SGLang's per-node path (a few
+KiB per node). A float32 state buffer is required (the commit data are float32); with ``--mamba-ssm-dtype
+bfloat16`` both hooks (and the buffer's size) leave SGLang's path in place and say so once.
 """
 
 from __future__ import annotations
@@ -33,22 +34,30 @@ def wy_verify_requested() -> bool:
     return env_flag(WY_VERIFY_ENV)
 
 
-def _serving_ddtree() -> bool:
+def serving_ddtree() -> bool:
     import sglang_ddtree
     from sglang.srt.runtime_context import get_spec
 
     return get_spec().speculative_algorithm == sglang_ddtree.DDTREE_ALGORITHM_NAME
 
 
-def _float32_state(buffer: torch.Tensor) -> bool:
+def float32_states(dtype: torch.dtype) -> bool:
     global _warned
-    if buffer.dtype == torch.float32:
+    if dtype == torch.float32:
         return True
     if not _warned:
         logger.warning("%s=1 needs float32 GDN states; %s states keep SGLang's per-node snapshots", WY_VERIFY_ENV,
-                       buffer.dtype)  # fmt: skip
+                       dtype)  # fmt: skip
         _warned = True
     return False
+
+
+def tree_capacity() -> int:
+    """N, the tree width every workspace is laid out for: the per-node buffers' node count SGLang sizes
+    (``max_speculative_num_draft_tokens``), not the SSM buffer's, which holds only the workspace's states."""
+    from sglang.srt.runtime_context import get_server_args
+
+    return int(get_server_args().max_speculative_num_draft_tokens)
 
 
 def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispatcher: Any, A_log: torch.Tensor,
@@ -58,14 +67,14 @@ def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispa
     from sglang_ddtree.kernels.gdn_tree import gdn_tree_verify
 
     parents, snapshots = kwargs.get("retrieve_parent_token"), kwargs.get("intermediate_states_buffer")
-    if parents is None or snapshots is None or not _serving_ddtree() or not _float32_state(snapshots):
+    if parents is None or snapshots is None or not serving_ddtree() or not float32_states(snapshots.dtype):
         return original(dispatcher, A_log, dt_bias, q, k, v, a, b, **kwargs)
     bs, T = parents.shape
     out = gdn_tree_verify(
         q.view(bs, T, *q.shape[2:]), k.view(bs, T, *k.shape[2:]), v.view(bs, T, *v.shape[2:]),
         a.view(bs, T, -1), b.view(bs, T, -1), A_log, dt_bias, kwargs["ssm_states"], kwargs["cache_indices"][:bs],
         parents, snapshots.view(snapshots.shape[0], -1), kwargs["intermediate_state_indices"][:bs],
-        scale=q.shape[-1] ** -0.5, capacity=snapshots.shape[1],
+        scale=q.shape[-1] ** -0.5, capacity=tree_capacity(),
     )  # fmt: skip
     _counts["layer_verifies"] += 1
     return out.view_as(v)
@@ -76,20 +85,29 @@ def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Te
     """AROUND ``fused_mamba_state_scatter_with_mask`` (the SSM part of SGLang's commit after a verify)."""
     from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit
 
-    if not _serving_ddtree() or not _float32_state(src):
+    if not serving_ddtree() or not float32_states(src.dtype):
         return original(dst, src, dst_indices_raw, step_indices_raw)
-    layers, requests, capacity = src.shape[:3]  # the layout every verify wrote, whatever its tree's width
+    layers, requests = src.shape[:2]
+    capacity = tree_capacity()  # the layout every verify wrote, whatever its tree's width
     gdn_tree_commit(dst, src.view(layers, requests, -1), dst_indices_raw, step_indices_raw, capacity)
     _counts["commits"] += 1
     return None
 
 
-def wy_verify_report() -> dict[str, int] | None:
+def wy_verify_report() -> dict[str, Any] | None:
     """For ``/server_info``: how often this process ran the snapshot-free verify and commit (the verify counts
-    Python calls, so a CUDA-graph replay is counted once, at its capture)."""
-    return dict(_counts) if wy_verify_requested() else None
+    Python calls, so a CUDA-graph replay is counted once, at its capture), and the per-request buffer it had."""
+    from sglang_ddtree.gdn_workspace_pool import workspace_pool_report
+
+    if not wy_verify_requested():
+        return None
+    pool = workspace_pool_report()
+    return {**_counts, **({"intermediate_buffers": pool} if pool is not None else {})}
 
 
 def register(registry: Any, hook_type: Any) -> None:
+    from sglang_ddtree import gdn_workspace_pool
+
     registry.register(VERIFY_TARGET, verify_tree_from_the_root_state, hook_type.AROUND)
     registry.register(SCATTER_TARGET, commit_nodes_from_the_workspace, hook_type.AROUND)
+    gdn_workspace_pool.register(registry, hook_type)

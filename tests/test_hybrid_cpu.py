@@ -22,6 +22,7 @@ import json
 import pytest
 import torch
 
+from sglang_ddtree.gdn_workspace_pool import workspace_slots
 from sglang_ddtree.hybrid_tree_verify import WY_VERIFY_ENV
 from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
 from tiny_models import HybridShape, make_qwen35_hybrid_target, make_swa_dflash_drafter
@@ -40,6 +41,7 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 # SGLang keeps GDN conv states in bfloat16 whatever the model dtype unless told otherwise. One OpenMP thread per
 # engine: the interpreted kernels are single-threaded Python, and two engines share CI's two cores.
 EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32", "OMP_NUM_THREADS": "1"}
+GDN_LAYERS, GDN_STATE_BYTES = 4, 1 * 32 * 32 * 4  # CPU_SHAPE's (2 in every 3 layers; one float32 head of dim 32)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +120,9 @@ SHARES_THE_B8_RUN = pytest.mark.xdist_group("hybrid_ddtree_b8")
 )
 def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, ddtree_reports, budget, gdn_verify):
     """``gdn_verify``: SGLang's per-node snapshot tree verify, or the snapshot-free one from the root state
-    (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py``), whose use the server reports."""
+    (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py``), whose use the server reports, with its per-request
+    SSM buffer cut to the workspace's states (2 for the budget-8 tree, not 9) and SGLang's memory sizing reserving
+    just that: the states of the 7 other nodes go back to the KV cache."""
     report = ddtree_reports(budget, gdn_verify)
     state = report["scheduler_states"][0]
     assert state["speculative_algorithm"] == "DDTREE"
@@ -126,6 +130,12 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     if gdn_verify == "wy":
         used = state["ddtree_gdn_wy_verify"]
         assert used["layer_verifies"] > 0 and used["commits"] > 0, used
+        buffers = used["intermediate_buffers"]  # per request slot
+        nodes, slots = budget + 1, workspace_slots(budget + 1, HV=1, K=32, V=32)
+        assert (buffers["tree_nodes"], buffers["ssm_slots_per_request"]) == (nodes, slots) and slots < nodes
+        assert buffers["reserved_bytes_per_request"] == buffers["bytes_per_request"]
+        saved = GDN_LAYERS * (nodes - slots) * GDN_STATE_BYTES
+        assert buffers["snapshot_bytes_per_request"] - buffers["bytes_per_request"] == saved, buffers
     else:
         assert "ddtree_gdn_wy_verify" not in state
     assert report["sequential"]["output_ids"] == ar_outputs

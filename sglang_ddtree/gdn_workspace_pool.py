@@ -1,0 +1,153 @@
+"""The snapshot-free GDN tree verify's per-request buffer: its workspace's state slots, not one state per tree node
+(``SGLANG_DDTREE_GDN_WY_VERIFY=1``).
+
+For the tree verify of a hybrid GDN target SGLang 0.5.17 gives every request slot, in every GDN layer, N SSM
+states (``MambaPool``'s ``intermediate_ssm``, ``[layers, max_running_requests + 1, N, HV, V, K]``, N =
+``max_speculative_num_draft_tokens``) and N conv windows, and its memory sizing
+(``KVCacheConfigurator._handle_max_mamba_cache``) sets aside N x (conv window + SSM state) per request and layer
+for them. The snapshot-free verify (``hybrid_tree_verify``) writes only ``workspace_numel(N, HV, K, V)`` floats of
+that SSM buffer per request and layer: 2 states' worth at Qwen3.6-27B's heads and N = 33, where SGLang keeps 33
+(72 MiB per node over its 48 GDN layers at TP 2: 2.3 GiB per request slot). Two AROUND hooks, on the target:
+
+- the sizing runs SGLang's own solve with N replaced by the layout's size in the unit SGLang charges (one node's
+  conv windows + SSM state: :attr:`WorkspaceLayout.reserved_node_states`), so the memory the per-node states no
+  longer take goes where that solve puts memory: the KV cache, and more mamba slots where it sizes those;
+- the pool is built with the workspace's slots as its draft-token count, then the conv windows get their N back
+  (SGLang's tree conv still writes one per node; a few KiB each).
+
+Only for a DDTREE server's GDN hybrid target with float32 SSM states (the WY verify's requirement; with others the
+verify and this buffer stay SGLang's, said once in the log) in SGLang's ``MambaPool`` (``--enable-unified-memory``
+builds its own pool: that buffer keeps N states, which the verify serves as well).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SIZING_TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache"
+POOL_TARGET = "sglang.srt.mem_cache.memory_pool.MambaPool.__init__"
+_MIB = 1 << 20
+
+
+def workspace_slots(nodes: int, HV: int, K: int, V: int) -> int:
+    """State-sized (``HV x V x K``) slots that hold one request's workspace for trees of ``nodes`` nodes."""
+    from sglang_ddtree.kernels.gdn_tree import workspace_numel
+
+    return -(-workspace_numel(nodes, HV, K, V) // (HV * V * K))
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    """One request's per-node buffers in one GDN layer under the WY verify: ``nodes`` conv windows (``conv_bytes``
+    each, all the layer's conv states) and ``ssm_slots`` SSM states (``ssm_bytes`` each), where SGLang has
+    ``nodes`` of both."""
+
+    nodes: int
+    ssm_slots: int
+    conv_bytes: int
+    ssm_bytes: int
+
+    @classmethod
+    def of(cls, cache_params: Any, nodes: int) -> WorkspaceLayout:
+        """The layout for SGLang's ``BaseLinearStateParams`` of a GDN model (``shape.temporal`` = HV, V, K)."""
+        HV, V, K = cache_params.shape.temporal
+        conv_numel = sum(math.prod(shape) for shape in cache_params.shape.conv)
+        return cls(nodes=nodes, ssm_slots=workspace_slots(nodes, HV, K, V),
+                   conv_bytes=conv_numel * cache_params.dtype.conv.itemsize,
+                   ssm_bytes=HV * V * K * cache_params.dtype.temporal.itemsize)  # fmt: skip
+
+    @property
+    def reserved_node_states(self) -> float:
+        """The layout's bytes in the unit SGLang's sizing charges per-node buffers in (N per request): one node's
+        conv windows + SSM state. A fraction, which SGLang's solve takes as its N unchanged."""
+        return (self.nodes * self.conv_bytes + self.ssm_slots * self.ssm_bytes) / (self.conv_bytes + self.ssm_bytes)
+
+
+# What the last sizing planned (for the pool SGLang builds right after it, in the same process), and its report.
+_planned: Optional[WorkspaceLayout] = None
+_report: dict[str, int] = {}
+
+
+def _layout_for(configurator: Any) -> Optional[WorkspaceLayout]:
+    from sglang.srt.runtime_context import get_memory
+
+    from sglang_ddtree.hybrid_tree_verify import float32_states, serving_ddtree
+
+    if configurator.is_draft_worker or configurator.hybrid_gdn_config is None or not serving_ddtree():
+        return None
+    cache_params = configurator.mambaish_config.mamba2_cache_params
+    if get_memory().enable_unified_memory or not float32_states(cache_params.dtype.temporal):
+        return None
+    layout = WorkspaceLayout.of(cache_params, configurator.server_args.max_speculative_num_draft_tokens)
+    return layout if layout.ssm_slots < layout.nodes else None
+
+
+def reserve_the_workspace_not_node_states(original: Callable[..., float], configurator: Any,
+                                          total_rest_memory: float) -> float:  # fmt: skip
+    """AROUND ``KVCacheConfigurator._handle_max_mamba_cache`` (the GiB left for the KV cache after the mamba pool):
+    SGLang's solve, charging the per-node buffers as the workspace layout instead of N nodes' states."""
+    from sglang.srt.runtime_context import get_spec
+
+    global _planned
+    _planned = _layout_for(configurator)
+    if _planned is None:
+        return original(configurator, total_rest_memory)
+    node_bytes = configurator.mambaish_config.mamba2_cache_params.mamba_cache_per_req  # SGLang's unit, all layers
+    _report.update(tree_nodes=_planned.nodes, snapshot_bytes_per_request=node_bytes * _planned.nodes,
+                   reserved_bytes_per_request=round(node_bytes * _planned.reserved_node_states))  # fmt: skip
+    with get_spec().override(speculative_num_draft_tokens=_planned.reserved_node_states):
+        return original(configurator, total_rest_memory)
+
+
+def allocate_the_workspace_not_node_states(original: Callable[..., None], pool: Any, *args: Any,
+                                           speculative_num_draft_tokens: Optional[int] = None,
+                                           **kwargs: Any) -> None:  # fmt: skip
+    """AROUND ``MambaPool.__init__``: the pool the sizing planned, ``ssm_slots`` SSM states per request."""
+    layout = _planned
+    if layout is None or speculative_num_draft_tokens != layout.nodes:
+        return original(pool, *args, speculative_num_draft_tokens=speculative_num_draft_tokens, **kwargs)
+    original(pool, *args, speculative_num_draft_tokens=layout.ssm_slots, **kwargs)
+    _give_every_node_its_conv_windows(pool, layout.nodes)
+    cache = pool.mamba_cache
+    per_request = [cache.intermediate_ssm[:, 0], *(window[:, 0] for window in cache.intermediate_conv_window)]
+    _report.update(ssm_slots_per_request=cache.intermediate_ssm.shape[2],
+                   bytes_per_request=sum(t.numel() * t.element_size() for t in per_request))  # fmt: skip
+    logger.info("DDTREE GDN verify from the root state: %d SSM states per request and layer (the workspace) instead "
+                "of %d, per-node buffers of %.1f MiB per request slot", layout.ssm_slots, layout.nodes,
+                _report["bytes_per_request"] / _MIB)  # fmt: skip
+    return None
+
+
+def _give_every_node_its_conv_windows(pool: Any, nodes: int) -> None:
+    """The pool's conv windows, built for ``ssm_slots`` nodes, rebuilt for ``nodes`` in SGLang's dense tree layout
+    (``[layers, slots + 1, nodes, *conv_shape]``; trees, topk > 1, never get the deduplicated one)."""
+    from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
+    from sglang.srt.mem_cache.memory_pool import GB
+
+    cache = pool.mamba_cache
+    with pool.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
+        windows = [torch.zeros((*w.shape[:2], nodes, *w.shape[3:]), dtype=w.dtype, device=w.device)
+                   for w in cache.intermediate_conv_window]  # fmt: skip
+    pool.mamba_cache = dataclasses.replace(cache, intermediate_conv_window=windows)
+    pool._intermediate_conv_window_phys = windows  # SGLang's record of the physical windows (drops the narrow ones)
+    pool.mem_usage = pool.mamba_cache.mem_usage_bytes() / GB
+
+
+def workspace_pool_report() -> Optional[dict[str, int]]:
+    """For ``/server_info``: this process's per-node buffers under the WY verify, per request slot: the SSM state
+    slots and bytes allocated, the bytes SGLang's sizing reserved for them, and what both are without the WY verify
+    (None: SGLang's buffers)."""
+    return dict(_report) if "bytes_per_request" in _report else None
+
+
+def register(registry: Any, hook_type: Any) -> None:
+    registry.register(SIZING_TARGET, reserve_the_workspace_not_node_states, hook_type.AROUND)
+    registry.register(POOL_TARGET, allocate_the_workspace_not_node_states, hook_type.AROUND)

@@ -1,0 +1,81 @@
+"""Under the snapshot-free GDN tree verify a request slot's per-node buffers hold the workspace's SSM states, not one
+state per tree node (``sglang_ddtree.gdn_workspace_pool``): how many states that is, what SGLang's memory sizing
+is made to reserve for it, and the pool SGLang builds with it. The served end of it (a DDTREE engine on a hybrid
+target, its buffer and reservation read from ``/server_info``, output equal to AR's) is in test_hybrid_cpu.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
+
+from sglang_ddtree import gdn_workspace_pool
+from sglang_ddtree.gdn_workspace_pool import WorkspaceLayout, allocate_the_workspace_not_node_states, workspace_slots
+from sglang_ddtree.kernels.gdn_tree import workspace_numel
+
+MIB = 1 << 20
+
+
+def qwen36_27b_cache_params(tp: int) -> Mamba2CacheParams:
+    """SGLang's GDN state parameters for Qwen3.6-27B's text config (48 of 64 layers GDN; 16 key and 48 value heads
+    of dim 128, conv kernel 4) on one of ``tp`` ranks, in its default dtypes (bfloat16 conv, float32 SSM)."""
+    shape = Mamba2StateShape.create(tp_world_size=tp, intermediate_size=48 * 128, n_groups=16, num_heads=48,
+                                    head_dim=128, state_size=128, conv_kernel=4)  # fmt: skip
+    return Mamba2CacheParams(shape=shape, layers=[i for i in range(64) if (i + 1) % 4],
+                             dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=torch.float32))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "nodes, HV, K, V, slots",
+    [(33, 48, 128, 128, 2), (33, 24, 128, 128, 2), (9, 24, 128, 128, 2), (65, 24, 128, 128, 3), (2, 24, 128, 128, 2),
+     (9, 1, 32, 32, 2), (33, 1, 32, 32, 4)],
+)  # fmt: skip
+def test_a_request_workspace_takes_the_fewest_whole_states_that_hold_it(nodes, HV, K, V, slots):
+    """Qwen3.6-27B's heads (at TP 1 and 2): 2 states for trees of 9 or 33 nodes, where SGLang keeps 9 or 33; a
+    2-node tree saves nothing. The last two rows are test_hybrid_cpu.py's GDN heads."""
+    state = HV * V * K
+    assert workspace_slots(nodes, HV, K, V) == slots
+    assert (slots - 1) * state < workspace_numel(nodes, HV, K, V) <= slots * state
+
+
+def test_sglangs_sizing_reserves_two_states_per_request_slot_at_qwen36_27b_not_33():
+    """SGLang's sizing charges per-node buffers in whole nodes (``mamba_cache_per_req``: one conv window and one
+    SSM state in every GDN layer) times N. With N replaced by the layout's size in that unit it reserves exactly
+    the layout: at TP 2, 33 conv windows and 2 SSM states per GDN layer, 190 MiB per request slot where the
+    per-node snapshots take 2.37 GiB (73.4 MiB per node)."""
+    params = qwen36_27b_cache_params(tp=2)
+    layout = WorkspaceLayout.of(params, nodes=33)
+    ssm_bytes, conv_bytes = 24 * 128 * 128 * 4, (2 * 16 + 48) * 128 // 2 * 3 * 2
+    assert (layout.ssm_slots, layout.ssm_bytes, layout.conv_bytes) == (2, ssm_bytes, conv_bytes)
+    node_bytes = params.mamba_cache_per_req
+    assert node_bytes == 48 * (ssm_bytes + conv_bytes) and round(node_bytes / MIB, 1) == 73.4
+    reserved = round(node_bytes * layout.reserved_node_states)
+    assert reserved == 48 * (33 * conv_bytes + 2 * ssm_bytes) and round(reserved / MIB) == 190
+    assert node_bytes * 33 - reserved == 48 * 31 * ssm_bytes  # 2232 MiB per request slot back to the KV cache
+
+
+def test_the_planned_pool_holds_the_workspace_states_and_a_conv_window_per_node(monkeypatch):
+    """``MambaPool`` built through the hook under a plan for 9-node trees: the same persistent states and per-node
+    conv windows as SGLang's own pool for 9 nodes, but 2 SSM states per request slot where SGLang's has 9 (CPU
+    device: the CPU-CI shim sends the pool's hard-coded CUDA buffers to the pool's device)."""
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=1, head_dim=32,
+                                    state_size=32, conv_kernel=4)  # fmt: skip
+    params = Mamba2CacheParams(shape=shape, layers=[0, 1], dtype=Mamba2StateDType(conv=torch.float32,
+                                                                                   temporal=torch.float32))  # fmt: skip
+    kwargs = dict(size=3, spec_state_size=3, cache_params=params, mamba_layer_ids=[0, 1], device="cpu",
+                  speculative_num_draft_tokens=9, speculative_eagle_topk=2)  # fmt: skip
+    sglangs = MambaPool(**kwargs).mamba_cache
+    monkeypatch.setattr(gdn_workspace_pool, "_planned", WorkspaceLayout.of(params, nodes=9))
+    monkeypatch.setattr(gdn_workspace_pool, "_report", {})
+    pool = MambaPool.__new__(MambaPool)
+    allocate_the_workspace_not_node_states(MambaPool.__init__, pool, **kwargs)
+    ours = pool.mamba_cache
+    assert ours.intermediate_ssm.shape == (2, 4, 2, 1, 32, 32) and sglangs.intermediate_ssm.shape[2] == 9
+    for name in ("conv", "intermediate_conv_window"):
+        assert [t.shape for t in getattr(ours, name)] == [t.shape for t in getattr(sglangs, name)]
+    assert ours.temporal.shape == sglangs.temporal.shape
+    per_request = gdn_workspace_pool.workspace_pool_report()
+    assert per_request["ssm_slots_per_request"] == 2
+    assert per_request["bytes_per_request"] == 2 * (9 * 96 * 3 + 2 * 32 * 32) * 4
