@@ -36,13 +36,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang_ddtree.kernels.gdn_workspace import workspace_numel
+
 _BV = 32
-
-
-def workspace_numel(T: int, HV: int, K: int, V: int) -> int:
-    """float32 elements of one request's workspace: S0, then per node u, G, the unit key (per value head) and
-    the parent."""
-    return HV * V * K + T * HV * (V + 1 + K) + T
 
 
 @triton.jit

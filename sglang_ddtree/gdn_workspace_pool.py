@@ -30,18 +30,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from sglang_ddtree.kernels.gdn_workspace import workspace_slots
+
 logger = logging.getLogger(__name__)
 
 SIZING_TARGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._handle_max_mamba_cache"
 POOL_TARGET = "sglang.srt.mem_cache.memory_pool.MambaPool.__init__"
 _MIB = 1 << 20
-
-
-def workspace_slots(nodes: int, HV: int, K: int, V: int) -> int:
-    """State-sized (``HV x V x K``) slots that hold one request's workspace for trees of ``nodes`` nodes."""
-    from sglang_ddtree.kernels.gdn_tree import workspace_numel
-
-    return -(-workspace_numel(nodes, HV, K, V) // (HV * V * K))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ scratch buffer (``MambaPool.SpeculativeState``: ``intermediate_ssm`` ``[gdn_laye
 SSM dtype and, for trees, dense ``intermediate_conv_window`` ``[gdn_layers, slots + 1, N, conv_dim, kernel - 1]``
 in the conv dtype), then copies the last accepted node's state into the request's own. That scratch is reserved for
 every running request at the full verify width N, so it, not the KV cache, caps a DDTree server's concurrency on a
-large hybrid model: Qwen3.6-27B at TP=2 needs ~73 MiB per node per request slot (fp32 SSM state).
+large hybrid model: Qwen3.6-27B at TP=2 needs ~73 MiB per node per request slot (fp32 SSM state); DDTREE's
+snapshot-free verify (``SGLANG_DDTREE_GDN_WY_VERIFY=1``) needs every node's conv window but only a workspace of a
+few SSM states (``gdn_workspace_pool``).
 
 The sizes here are computed from ``config.json`` alone, without importing SGLang, so the launcher can refuse (or
 size) a configuration in a second instead of failing after the weights load.
@@ -19,6 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sglang_ddtree.kernels.gdn_workspace import workspace_slots
 from sglang_ddtree.model_configs import text_config
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -35,16 +38,23 @@ class GdnStateSize:
     gdn_layers: int
     ssm_bytes: int  # HV/tp x K x V in the SSM dtype
     conv_window_bytes: int  # conv_dim/tp x (kernel - 1) in the conv dtype
+    ssm_heads: tuple[int, int, int] = (0, 0, 0)  # HV/tp, K, V
+    ssm_float32: bool = True
 
     @property
     def per_node_bytes(self) -> int:
         """What verifying one tree node costs in scratch state, all GDN layers together."""
         return self.gdn_layers * (self.ssm_bytes + self.conv_window_bytes)
 
-    def verify_scratch_bytes(self, verify_width: int, running_requests: int) -> int:
-        """SGLang's per-node verify scratch: ``running_requests + 1`` slots (one is padding) of ``verify_width``
-        nodes each."""
-        return (running_requests + 1) * verify_width * self.per_node_bytes
+    def verify_scratch_bytes(self, verify_width: int, running_requests: int, snapshot_free: bool = False) -> int:
+        """The per-node verify scratch: ``running_requests + 1`` slots (one is padding) of ``verify_width`` nodes
+        each; ``snapshot_free`` (DDTREE's WY verify on float32 states, ``gdn_workspace_pool``): every node's conv
+        window but only the workspace's SSM states."""
+        ssm_states = verify_width
+        if snapshot_free and self.ssm_float32:
+            ssm_states = min(verify_width, workspace_slots(verify_width, *self.ssm_heads))
+        per_request = verify_width * self.conv_window_bytes + ssm_states * self.ssm_bytes
+        return (running_requests + 1) * self.gdn_layers * per_request
 
 
 def conv_state_dtype() -> str:
@@ -84,10 +94,13 @@ def gdn_state_size(config: dict[str, Any], tp_size: int, ssm_dtype: Optional[str
     key_dim, value_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
     conv_dim = 2 * key_heads * key_dim + value_heads * value_dim  # conv over [q; k; v]
     kernel = int(cfg.get("linear_conv_kernel_dim", 4))
+    state_dtype = ssm_dtype_of(config, ssm_dtype)
     return GdnStateSize(
         gdn_layers=gdn_layer_count(config),
-        ssm_bytes=value_heads // tp_size * key_dim * value_dim * DTYPE_BYTES[ssm_dtype_of(config, ssm_dtype)],
+        ssm_bytes=value_heads // tp_size * key_dim * value_dim * DTYPE_BYTES[state_dtype],
         conv_window_bytes=conv_dim // tp_size * (kernel - 1) * DTYPE_BYTES[conv_state_dtype()],
+        ssm_heads=(value_heads // tp_size, key_dim, value_dim),
+        ssm_float32=state_dtype == "float32",
     )
 
 

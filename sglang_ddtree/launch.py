@@ -394,6 +394,13 @@ def _mamba_cache_flags(request: LaunchRequest, target_config: dict, width: int) 
     return ["--mamba-radix-cache-strategy", chosen] if chosen and not strategy else []
 
 
+def _snapshot_free_gdn_verify() -> bool:
+    """``SGLANG_DDTREE_GDN_WY_VERIFY`` in the environment the server inherits."""
+    from sglang_ddtree.hybrid_tree_verify import wy_verify_requested
+
+    return wy_verify_requested()
+
+
 def _running_requests_flags(
     request: LaunchRequest, target_config: dict, state: hybrid_targets.GdnStateSize, width: int
 ) -> list[str]:
@@ -408,15 +415,19 @@ def _running_requests_flags(
         return []  # SGLang checks after loading the weights
     fraction = _number_flag(request.passthrough, "--mem-fraction-static", float, ASSUMED_MEM_FRACTION_STATIC)
     left = gpu_bytes * fraction - weight_bytes
-    fitting = max(r for r in range(SGLANG_DFLASH_MAX_RUNNING_REQUESTS + 1)
-                  if r == 0 or state.verify_scratch_bytes(width, r) <= left / 2)  # fmt: skip
+    snapshot_free = request.algo == "ddtree" and _snapshot_free_gdn_verify()
+
+    def scratch(running: int) -> int:
+        return state.verify_scratch_bytes(width, running, snapshot_free)
+
+    fitting = max(r for r in range(SGLANG_DFLASH_MAX_RUNNING_REQUESTS + 1) if r == 0 or scratch(r) <= left / 2)
 
     def refuse(running: int) -> LaunchError:
         what = f"--budget {width - 1}" if request.algo == "ddtree" else f"--algo {request.algo}"
-        need = state.verify_scratch_bytes(width, running)
+        need = scratch(running)
         return LaunchError(
             f"{what} ({width} verify tokens) with {running} running requests needs {need / GIB:.1f} GiB of GDN "
-            f"verify state per GPU ({state.per_node_bytes / 2**20:.1f} MiB per token and request) but about "
+            f"verify state per GPU ({need / (running + 1) / width / 2**20:.1f} MiB per token and request) but about "
             f"{max(left, 0) / GIB:.1f} GiB of the GPU's {gpu_bytes / GIB:.1f} GiB is left after "
             f"{weight_bytes / GIB:.1f} GiB of weights: lower --max-running-requests (at most {fitting} fit) "
             "or the budget"
@@ -424,7 +435,7 @@ def _running_requests_flags(
 
     requested = _number_flag(request.passthrough, "--max-running-requests", int, None)
     if requested is not None:
-        if state.verify_scratch_bytes(width, requested) > left:
+        if scratch(requested) > left:
             raise refuse(requested)
         return []
     if fitting == 0:

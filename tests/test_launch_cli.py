@@ -438,6 +438,20 @@ def test_ddtree_at_qwen36_27b_shape_runs_as_many_requests_as_their_node_states_f
     assert flag(shlex.split(result.stdout)[3:], "--max-running-requests") == running
 
 
+def test_the_snapshot_free_gdn_verify_lets_sglangs_48_running_requests_fit(hybrid, tmp_path):
+    """``SGLANG_DDTREE_GDN_WY_VERIFY=1``: a request slot holds every node's conv window but only the workspace's 2
+    SSM states per GDN layer (``gdn_workspace_pool``): 48 x (33 x 60 KiB + 2 x 3 MiB) = 380.8 MiB at TP=1 instead
+    of 4.73 GiB, so 49 slots take 18.2 GiB of the 34.3 GiB half and SGLang's own 48 requests stand; 48 requests
+    asked for explicitly are no longer refused."""
+    env = {**with_fake_gpu(tmp_path, H200_MIB), "SGLANG_DDTREE_GDN_WY_VERIFY": "1"}
+    for extra in ([], ["--max-running-requests", "48"]):
+        result = launch("--model-path", hybrid["big"], "--draft-model-path", hybrid["big_drafter"], "--load-format",
+                        "dummy", "--algo", "ddtree", *extra, "--dry-run", env=env)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        argv = shlex.split(result.stdout)[3:]
+        assert argv.count("--max-running-requests") == len(extra) // 2  # the user's, or none: SGLang's own 48
+
+
 @pytest.mark.parametrize(
     "args",
     [["--algo", "mtp"], ["--algo", "ddtree", "--budget", "8", "--tp", "2", "--mem-fraction-static", "0.9"]],
