@@ -2,7 +2,9 @@
 
 The Triton interpreter's ``tl.reduce`` with a custom combine function reduces pairwise in the shim: a kernel's
 outputs must equal those of Triton's own element-by-element fold, bit for bit, for payload-carrying maxima (the
-tree build's pop), an associative combine that is not commutative, every axis and ``keep_dims``.
+tree build's pop), an associative combine that is not commutative, every axis and ``keep_dims``. A device function
+called inside a kernel patches ``triton.language`` only where the launch has not already: the outputs must equal
+those of the interpreter's patching on every call, bit for bit.
 """
 
 from __future__ import annotations
@@ -75,3 +77,37 @@ def test_pairwise_custom_reduce_equals_the_interpreters_element_by_element_fold(
     for got, expected in zip(shimmed, folded):
         assert torch.equal(got, expected), (got, expected)
         assert not torch.any(got == -7)
+
+
+@triton.jit
+def _scaled(x, scale):
+    return x * scale
+
+
+@triton.jit
+def _device_calls_kernel(x_ptr, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < N, other=0.0)
+    # tl.cdiv, tl.sigmoid and tl.max are device functions of triton.language.standard, which sees tl.core only;
+    # _scaled sees this module's tl.
+    y = _scaled(tl.sigmoid(x), tl.cdiv(N, BLOCK)) + tl.max(x, axis=0)
+    tl.store(out_ptr + offsets, y, mask=offsets < N)
+
+
+def run_device_calls_kernel(x: torch.Tensor, block: int) -> torch.Tensor:
+    out = torch.full_like(x, -7.0)
+    _device_calls_kernel[(triton.cdiv(x.numel(), block),)](x, out, N=x.numel(), BLOCK=block)
+    return out
+
+
+def test_device_function_calls_without_repatching_equal_the_interpreters_patching_on_every_call(monkeypatch):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    call = InterpretedFunction.__call__
+    assert hasattr(call, "patching_every_call"), "the CPU-CI shim is not active"
+    x = torch.randn(37, generator=torch.Generator().manual_seed(0))
+    shimmed = run_device_calls_kernel(x, block=8)  # five programs, each calling the device functions
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)  # the launch restored tl
+    monkeypatch.setattr(InterpretedFunction, "__call__", call.patching_every_call)
+    patched_every_call = run_device_calls_kernel(x, block=8)
+    assert torch.equal(shimmed, patched_every_call) and not torch.any(shimmed == -7.0)

@@ -1,6 +1,6 @@
 """CPU-CI process setup, imported by every Python process (also SGLang's spawned children) through PYTHONPATH.
 
-Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does two things, both test-only:
+Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does three things, all test-only:
 
 1. torchvision: PyPI's torchvision wheels are CUDA builds whose compiled ops cannot register beside the CPU
    torch, and then ``torchvision._meta_registrations`` raises at import. SGLang imports torchvision's pure-Python
@@ -21,9 +21,10 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does two things, both test-only
    - ``xgrammar_backend``: the grammar bitmask is allocated pinned (no pinned allocator without CUDA: the
      scheduler crashed on the first grammar request, AR's too) and applied only to CUDA/NPU logits; on CPU it is
      allocated unpinned and applied with xgrammar's own CPU kernel.
-3. A faster Triton interpreter for one operation (``triton.runtime.interpreter``): a ``tl.reduce`` with a custom
-   combine function reduces whole vectors pairwise instead of element by element (same result: see
-   ``_patch_triton_interpreter``).
+3. A faster Triton interpreter (``triton.runtime.interpreter``): a ``tl.reduce`` with a custom combine function
+   reduces whole vectors pairwise instead of element by element, and a device function called inside a kernel
+   does not patch ``triton.language`` again when the kernel's launch already has (same results: see
+   ``_patch_triton_interpreter`` and ``_patch_device_function_calls``).
 """
 
 import importlib.abc
@@ -201,6 +202,50 @@ def _patch_triton_interpreter(module) -> None:
 
     pairwise_reduce.element_by_element = element_by_element  # for the shim's own test
     module.ReduceOps.generic_reduce = pairwise_reduce
+    _patch_device_function_calls(module)
+
+
+def _patch_device_function_calls(module) -> None:
+    """Triton 3.7's interpreter patches ``triton.language`` for the interpreter (``_patch_lang``: a scan of every
+    member of the language modules a function sees, ``tl`` and/or ``tl.core``) once per kernel launch, restoring
+    what it patched after the launch, and again on every call of a ``@triton.jit`` device function inside the
+    kernel (``tl.cdiv``, ``tl.max`` and the like are ``triton.language.standard``'s), once per program of the grid,
+    never restoring: that was a third of a CPU-engine decode step (SGLang's Triton decode attention, py-spy,
+    2026-12-02). Patching the same language modules again within one launch changes nothing (a patched builtin is
+    no longer a builtin, and the rest are the same stateless closures set again), so a device function is called
+    without patching when the running launch, or a device function called earlier in it, has already patched the
+    language modules it sees; any other call patches as before (``tests/test_cpu_shims.py``)."""
+    import inspect
+
+    tl = module.tl
+    launch = module.GridExecutor.__call__
+    patched_in_running_launch = []  # per running kernel launch (innermost last): the language modules patched so far
+
+    def languages(fn) -> set:
+        return {v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def launch_knowing_what_is_patched(self, *args, **kwargs):
+        patched_in_running_launch.append(languages(self.fn))
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched_in_running_launch.pop()
+
+    def call_device_function(self, *args, **kwargs):
+        seen = languages(self.fn)
+        if not (patched_in_running_launch and seen <= patched_in_running_launch[-1]):
+            module._patch_lang(self.fn)
+            if patched_in_running_launch:
+                patched_in_running_launch[-1] |= seen
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise module.InterpreterError(repr(e)) from e
+
+    call_device_function.patching_every_call = module.InterpretedFunction.__call__  # for the shim's own test
+    module.GridExecutor.__call__ = launch_knowing_what_is_patched
+    module.InterpretedFunction.__call__ = call_device_function
 
 
 _PATCHES_AFTER_IMPORT = {
