@@ -11,8 +11,8 @@ The step times come from the server's own first decode steps at each batch size 
 (``SGLANG_DDTREE_STEP_TIME_TABLE``: ``--budget auto --step-time-table FILE``, fixed times for reproducible runs).
 
 A width narrower than the captured one runs the target's verify eagerly (SGLang's graph runner replays only its
-capture width), unless ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1`` gives every width of the table target-verify graphs of
-its own (``ddtree_verify_graphs``; opt-in until the GPU suite has run it).
+capture width), so every width of the policy gets target-verify graphs of its own (``ddtree_verify_graphs``;
+``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0``: the narrower widths verify eagerly).
 """
 
 from __future__ import annotations

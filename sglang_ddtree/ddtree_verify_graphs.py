@@ -14,9 +14,10 @@ FlashInfer's float workspace, as SGLang's target and draft backends already do: 
 temporaries, and one stream runs the widths' verifies one after another. The graph runners share SGLang's input
 buffers (``share_input_buffer`` never repoints a captured buffer) and its graph memory pool.
 
-Opt-in (``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1``) until the GPU suite has shown these replays equal to eager verifies
-(tests/gpu/test_gpu_ddtree.py's ``ddtree_auto`` server turns it on); without it a narrower width verifies eagerly,
-the path the suite has passed (tests/gpu/RESULTS.md run 45).
+On by default under ``--budget auto`` on dense targets, since the GPU suite showed every width's replays equal to
+eager re-runs and the outputs lossless (tests/gpu/RESULTS.md run 47); ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0``
+verifies the narrower widths eagerly instead (run 45's path). Hybrid (GDN) targets need ``=1``: a second GDN
+attention backend per width has not run on a GPU yet.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ logger = logging.getLogger(__name__)
 AUTO_VERIFY_GRAPHS_ENV = "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS"
 
 
-def verify_graphs_per_width_requested() -> bool:
-    return env_flag(AUTO_VERIFY_GRAPHS_ENV)
+def verify_graphs_per_width_requested(hybrid_target: bool) -> bool:
+    return env_flag(AUTO_VERIFY_GRAPHS_ENV, default=not hybrid_target)
 
 
 class VerifyGraphsPerWidth:

@@ -20,7 +20,7 @@ Per decode step, for a batch of requests with independent trees:
 
 Under ``--budget auto`` (``ddtree_auto_budget``) each step verifies the best tree of the width the policy chose,
 a prefix of the drafted widest tree's pop order; width 1 skips steps 1-2 and verifies the bonus token alone. Each
-width can replay target-verify graphs of its own (``ddtree_verify_graphs``, opt-in), captured after SGLang's.
+width replays target-verify graphs of its own (``ddtree_verify_graphs``), captured after SGLang's.
 
 Under a torch profiler each phase is a ``ddtree.<function>`` range (``ddtree_trace_ranges.traced_range``: one flag
 check otherwise; host-timed under ``SGLANG_DDTREE_TRACE_RANGES=1``), as SGLang marks its scheduler's functions.
@@ -139,16 +139,19 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def init_cuda_graphs(self) -> None:
-        """The drafter's graphs (DFlash's), then, under ``--budget auto`` with ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=1``,
-        the target's verify graphs of every other width of the step time table: SGLang has captured the target's
-        own graphs (at the widest width) before this call (``Scheduler.init_all_cuda_graphs``)."""
+        """The drafter's graphs (DFlash's), then, under ``--budget auto``, the target's verify graphs of every other
+        width of the policy (``ddtree_verify_graphs``: dense targets unless ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS``
+        says otherwise): SGLang has captured the target's own graphs (at the widest width) before this call
+        (``Scheduler.init_all_cuda_graphs``)."""
         super().init_cuda_graphs()
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
         target_runner = self.target_worker.model_runner
         if (
             self._auto_budget is not None
-            and verify_graphs_per_width_requested()
+            and verify_graphs_per_width_requested(
+                hybrid_target=getattr(target_runner.req_to_token_pool, "mamba_pool", None) is not None
+            )
             and isinstance(target_runner.decode_cuda_graph_runner, DecodeCudaGraphRunner)
         ):
             self._verify_graphs = capture_verify_graphs(target_runner, self._auto_budget.policy.widths)

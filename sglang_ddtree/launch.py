@@ -96,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument(
         "--budget",
-        help=f"ddtree: tree nodes per request, root excluded (default {DDTREE_DEFAULT_BUDGET}), or 'auto': each step "
-        f"verifies the prefix of a {AUTO_BUDGET_TREE}-node tree that commits the most tokens per second, step times "
-        "measured by the server on its first steps at each batch size",
+        help=f"ddtree: tree nodes per request, root excluded, or 'auto' (the default; {DDTREE_DEFAULT_BUDGET} on a "
+        f"hybrid GDN target): each step verifies the prefix of a {AUTO_BUDGET_TREE}-node tree that commits the most "
+        "tokens per second, step times measured by the server on its first steps at each batch size",
     )
     parser.add_argument(
         "--step-time-table",
@@ -212,6 +212,16 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
         "--speculative-dflash-block-size", str(block_size),
         *dtype_flags,
     ]  # fmt: skip
+
+
+def with_default_budget(request: LaunchRequest, model_path: str) -> LaunchRequest:
+    """``--algo ddtree`` without ``--budget``: ``auto`` on a dense target; on a hybrid (GDN) target the fixed
+    default, until the hybrid GPU suite has run ``auto`` (its per-width verify graphs need a GDN attention backend
+    per width, which has not run on a GPU)."""
+    if request.algo != "ddtree" or request.budget is not None:
+        return request
+    hybrid = hybrid_targets.is_hybrid_gdn(model_configs.load_config(model_path))
+    return replace(request, budget=DDTREE_DEFAULT_BUDGET if hybrid else "auto")
 
 
 def _ddtree_budget(request: LaunchRequest) -> int | str:
@@ -523,7 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         request, dry_run = parse_request(sys.argv[1:] if argv is None else argv)
         request = with_demo_drafter(request)
-        server_argv = resolve_server_argv(request, _model_path(request))
+        model_path = _model_path(request)
+        request = with_default_budget(request, model_path)
+        server_argv = resolve_server_argv(request, model_path)
     except (LaunchError, ModelConfigError) as e:
         print(f"sglang_ddtree.launch: error: {e}", file=sys.stderr)
         return 2

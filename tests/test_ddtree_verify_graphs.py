@@ -49,3 +49,18 @@ def test_widths_and_replays_are_reported_per_width_own_width_included():
     for width, replayed in [(1, True), (1, True), (9, False), (17, True), (5, True)]:
         graphs.record(width, replayed)
     assert graphs.report() == {"graph_widths": [1, 2, 9, 17], "graph_replays": [2, 0, 0, 1]}
+
+
+@pytest.mark.parametrize("value, dense, hybrid", [(None, True, False), ("0", False, False), ("1", True, True)])
+def test_every_width_gets_graphs_by_default_on_dense_targets_and_on_request_on_hybrid_ones(monkeypatch, value, dense,
+                                                                                           hybrid):  # fmt: skip
+    """Dense targets passed the GPU suite with them (tests/gpu/RESULTS.md run 47); a second GDN attention backend
+    per width has not run on a GPU, so hybrid targets verify their narrower widths eagerly unless asked."""
+    from sglang_ddtree.ddtree_verify_graphs import AUTO_VERIFY_GRAPHS_ENV, verify_graphs_per_width_requested
+
+    if value is None:
+        monkeypatch.delenv(AUTO_VERIFY_GRAPHS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(AUTO_VERIFY_GRAPHS_ENV, value)
+    assert verify_graphs_per_width_requested(hybrid_target=False) is dense
+    assert verify_graphs_per_width_requested(hybrid_target=True) is hybrid

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -34,9 +35,12 @@ def launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def dry_run_argv(*args: str) -> list[str]:
+    """SGLang's argument list from the launcher's ``--dry-run`` line (after the server's variables, if any)."""
     result = launch(*args, "--dry-run")
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout.strip())
+    while re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
+        argv = argv[1:]
     assert argv[1:3] == ["-m", "sglang.launch_server"]
     return argv[3:]
 
@@ -128,9 +132,17 @@ def test_a_cost_only_simulation_set_up_wrong_is_one_line(models, tmp_path, histo
     assert_one_line_error(result, *fragments)
 
 
-def test_ddtree_budget_defaults_to_32(models):
-    argv = dry_run_argv("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"])
-    assert flag(argv, "--speculative-num-draft-tokens") == "33"
+def test_ddtree_budget_defaults_to_auto_on_a_dense_target_and_to_32_on_a_hybrid_one(models, hybrid):
+    """A hybrid target's per-width verify graphs (a GDN attention backend per width) have not run on a GPU: it keeps
+    the fixed default until they have."""
+    result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
+                    "--dry-run")  # fmt: skip
+    command = shlex.split(result.stdout.strip())
+    assert command[0] == "SGLANG_DDTREE_BUDGET_AUTO=1" and flag(command, "--speculative-num-draft-tokens") == "33"
+    result = launch("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path", hybrid["drafter"],
+                    "--dry-run")  # fmt: skip
+    command = shlex.split(result.stdout.strip())
+    assert "SGLANG_DDTREE_BUDGET_AUTO=1" not in command and flag(command, "--speculative-num-draft-tokens") == "33"
 
 
 def step_time_table(path, widths=(1, 2, 4, 8, 17)) -> str:
