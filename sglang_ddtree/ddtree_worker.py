@@ -61,7 +61,7 @@ from sglang_ddtree.ddtree_verify_graphs import (
     capture_verify_graphs,
     verify_graphs_per_width_requested,
 )
-from sglang_ddtree.flashinfer_tree_plan import verify_planned_from_host_lengths
+from sglang_ddtree.flashinfer_tree_plan import planned_from_host_lengths
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
 
@@ -131,10 +131,10 @@ class DDTreeWorker(DFlashWorkerV2):
         """SGLang builds the target worker's attention backends, then the draft worker's (this call): only now can
         the step know whether its verify graphs are planned from host lengths (``flashinfer_tree_plan``)."""
         super().init_attention_backends()
-        self._plans_from_host_lengths = verify_planned_from_host_lengths(
+        self._plans_from_host_lengths = planned_from_host_lengths(
             getattr(self.target_worker.model_runner, "attn_backend", None), self._cuda_graphs
         )
-        self._draft_plans_from_host_lengths = verify_planned_from_host_lengths(
+        self._draft_plans_from_host_lengths = planned_from_host_lengths(
             getattr(self.draft_model_runner, "attn_backend", None), self._cuda_graphs
         )
 

@@ -44,15 +44,16 @@ def sync_free_plan_enabled() -> bool:
     return env_flag(SYNC_FREE_PLAN_ENV, default=True)
 
 
-def verify_planned_from_host_lengths(target_attn_backend: Any, cuda_graphs: bool) -> bool:
-    """Whether DDTREE's verify-graph replays take this plan (and the worker reads the lengths for it): switched
-    on, CUDA graphs on, and the target's attention a plain ``FlashInferAttnBackend`` — dense targets only so
-    far: a hybrid target's attention layers sit behind SGLang's hybrid backend, whose replays with this plan
-    have not run on the GPU. Ask once the target's backends exist: SGLang builds them after the draft worker
-    (``Scheduler.init_model_worker``), so at the worker's construction the answer is always no (run 41)."""
+def planned_from_host_lengths(attn_backend: Any, cuda_graphs: bool) -> bool:
+    """Whether the graph replays of a runner with ``attn_backend`` (the target's verify, the drafter's block) take
+    this plan (and the worker reads the lengths for it): switched on, CUDA graphs on, and the attention a plain
+    ``FlashInferAttnBackend`` — dense targets only so far: a hybrid target's attention layers sit behind SGLang's
+    hybrid backend, whose replays with this plan have not run on the GPU. Ask once the backends exist: SGLang
+    builds them after the draft worker (``Scheduler.init_model_worker``), so at the worker's construction the
+    answer is always no (run 41)."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
-    return sync_free_plan_enabled() and cuda_graphs and type(target_attn_backend) is FlashInferAttnBackend
+    return sync_free_plan_enabled() and cuda_graphs and type(attn_backend) is FlashInferAttnBackend
 
 
 @functools.lru_cache(maxsize=4)

@@ -151,17 +151,17 @@ def test_a_draft_block_otherwise_keeps_sglangs_plan(monkeypatch, case):
     assert flashinfer_tree_plan._counts["upstream_draft_plans"] == before["upstream_draft_plans"] + 1
 
 
-def test_only_a_dense_flashinfer_target_with_graphs_has_its_verify_planned_from_host_lengths(monkeypatch):
+def test_only_a_dense_flashinfer_target_with_graphs_has_its_planned_from_host_lengths(monkeypatch):
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 
     dense, hybrid = object.__new__(FlashInferAttnBackend), object.__new__(HybridLinearAttnBackend)
-    assert flashinfer_tree_plan.verify_planned_from_host_lengths(dense, cuda_graphs=True)
-    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(dense, cuda_graphs=False)
-    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(hybrid, cuda_graphs=True)
-    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(None, cuda_graphs=True)
+    assert flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=True)
+    assert not flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=False)
+    assert not flashinfer_tree_plan.planned_from_host_lengths(hybrid, cuda_graphs=True)
+    assert not flashinfer_tree_plan.planned_from_host_lengths(None, cuda_graphs=True)
     monkeypatch.setenv(flashinfer_tree_plan.SYNC_FREE_PLAN_ENV, "0")
-    assert not flashinfer_tree_plan.verify_planned_from_host_lengths(dense, cuda_graphs=True)
+    assert not flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=True)
 
 
 def test_the_worker_decides_once_the_targets_attention_backend_exists(monkeypatch):
