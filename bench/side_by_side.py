@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 from bench.provenance import checkout_commit
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
-from sglang_ddtree.serving import launched_server
+from sglang_ddtree.serving import launched_server, server_state
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
 WARMUP_PROMPTS = [
@@ -560,7 +560,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
                     warm_up_cell(url, config, warmup, temperature, concurrency)
                     before = server_step_profile(url) if profile else None
-                    auto_before = server_auto_budget(url) if config == "ddtree auto" else None
+                    auto_before = server_state(url, "ddtree_budget_auto") if config == "ddtree auto" else None
                     records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens,
                                         args.ignore_eos)  # fmt: skip
                     if config == "ddtree auto":
@@ -585,16 +585,10 @@ def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, 
     flush_prefix_cache(url)
 
 
-def server_auto_budget(url: str) -> dict:
-    """A ``--budget auto`` server's ``ddtree_budget_auto`` report (``/server_info``)."""
-    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
-        return json.loads(response.read())["internal_states"][0]["ddtree_budget_auto"]
-
-
 def auto_budget_cell(url: str, temperature: float, concurrency: int, before: dict) -> dict:
     """The widths ``--budget auto`` verified in one cell (steps per width, warm-up excluded) and the step times it
     had measured by its end."""
-    after = server_auto_budget(url)
+    after = server_state(url, "ddtree_budget_auto")
     return {"temperature": temperature, "concurrency": concurrency, "widths": after["widths"],
             "steps": [a - b for a, b in zip(after["steps"], before["steps"])],
             "measured_step_ms": after.get("measured_step_ms")}  # fmt: skip

@@ -69,19 +69,13 @@ from bench.side_by_side import (
 )
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
-from sglang_ddtree.serving import launched_server
+from sglang_ddtree.serving import launched_server, server_state
 
 
 def step_wall_ms(record: RequestRecord) -> Optional[float]:
     """Decode wall time per step of one request: per verify for speculative ones, per token for AR."""
     steps = record.verify_ct or record.completion_tokens - 1
     return 1000 * (record.end - record.first_token) / steps if steps > 0 else None
-
-
-def server_state(url: str, key: str) -> Optional[dict]:
-    """One entry of a running server's ``/server_info`` scheduler state, else None."""
-    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
-        return json.loads(response.read())["internal_states"][0].get(key)
 
 
 def server_host_ranges(url: str) -> Optional[dict]:

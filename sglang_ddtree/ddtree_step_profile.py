@@ -10,9 +10,7 @@ and the host clock times it.
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.request
 from collections import deque
 from typing import Optional
 
@@ -108,8 +106,9 @@ def step_profile_report() -> Optional[dict]:
 
 def server_step_profile(url: str) -> Optional[dict]:
     """A running server's ``ddtree_step_profile`` (``/server_info``), None when it does not profile."""
-    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
-        return json.loads(response.read())["internal_states"][0].get("ddtree_step_profile")
+    from sglang_ddtree.serving import server_state
+
+    return server_state(url, "ddtree_step_profile")
 
 
 def phase_means(before: dict, after: dict) -> dict[str, float]:

@@ -38,8 +38,8 @@ class GdnStateSize:
     gdn_layers: int
     ssm_bytes: int  # HV/tp x K x V in the SSM dtype
     conv_window_bytes: int  # conv_dim/tp x (kernel - 1) in the conv dtype
-    ssm_heads: tuple[int, int, int] = (0, 0, 0)  # HV/tp, K, V
-    ssm_float32: bool = True
+    ssm_heads: tuple[int, int, int]  # HV/tp, K, V
+    ssm_float32: bool
 
     @property
     def per_node_bytes(self) -> int:

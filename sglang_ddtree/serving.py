@@ -8,6 +8,7 @@ through the next ones (tests/gpu/RESULTS.md run 40).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -23,6 +24,12 @@ from typing import Iterator, Optional
 
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy; the message ends with the tail of its log."""
+
+
+def server_state(url: str, key: str) -> Optional[dict]:
+    """One entry of a running server's ``/server_info`` scheduler state (the plugin's reports), else None."""
+    with urllib.request.urlopen(url.rstrip("/") + "/server_info", timeout=60) as response:
+        return json.loads(response.read())["internal_states"][0].get(key)
 
 
 def free_port() -> int:
