@@ -3,7 +3,7 @@
     python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
         [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
         [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] [--sync-debug] [--trace-steps 0]
-        [--ab-env NAME=VALUE] [--widths 1,2,4,8,16,33 [--write-step-table FILE]] --out DIR
+        [--ab-env NAME=VALUE] [--widths 1,2,4,8,16,33 [--write-step-table FILE]] [--host-profile] --out DIR
         [-- shared SGLang server flags ...]
 
 Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
@@ -15,7 +15,11 @@ a warm-up at that batch size:
 3. **host time per scheduler iteration** of the scheduler's functions, the worker's phases and SGLang's verify
    functions (``SGLANG_DDTREE_TRACE_RANGES=1``: a host clock around each, read from ``/server_info``; see
    ``sglang_ddtree.ddtree_trace_ranges``), over the same requests as the step wall.
-4. optionally (``--trace-steps N``) **a torch-profiler trace** of N steps (CPU and GPU; the same functions as
+4. optionally (``--host-profile``) **the Python functions of the host time**: the servers run their decode
+   iterations under cProfile (``SGLANG_DDTREE_HOST_PROFILE=1``, see ``sglang_ddtree.ddtree_host_profile``); per
+   cell, the functions with the most own and cumulative milliseconds per iteration. The profiler charges every
+   Python call, so such a run's step walls are inflated: its shares are what it measures.
+5. optionally (``--trace-steps N``) **a torch-profiler trace** of N steps (CPU and GPU; the same functions as
    profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: host time blocked in
    syncs, kernel and graph launches, GPU busy and idle time. On the H200 machine SGLang 0.5.17's scheduler
    died freeing the profiler's result after the first trace (RESULTS.md runs 34, 36): off by default.
@@ -68,6 +72,7 @@ from bench.side_by_side import (
     tokenized_prompts,
 )
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
+from sglang_ddtree.ddtree_host_profile import HOST_PROFILE_ENV, per_iteration
 from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server, server_state
 
@@ -132,8 +137,10 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
     warmup = (prompts * batch)[: max(batch, 2)]
     run_cell(url, config, warmup, 0.0, batch, 32, args.ignore_eos)
     before, host_before = server_step_profile(url) if phases else None, server_host_ranges(url)
+    functions_before = server_state(url, "ddtree_host_profile") if args.host_profile else None
     records = run_cell(url, config, prompts[: 2 * batch], 0.0, batch, args.max_new_tokens, args.ignore_eos)
     after, host_after = server_step_profile(url) if phases else None, server_host_ranges(url)
+    functions_after = server_state(url, "ddtree_host_profile") if args.host_profile else None
     tokens, verifies = sum(r.completion_tokens for r in records), sum(r.verify_ct for r in records)
     cell = {
         "config": config, "batch": batch, "requests": len(records),
@@ -144,6 +151,8 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
         "host_ms_per_iteration": host_ms_per_iteration(host_before, host_after),
         # --budget auto: steps per width so far, and the step times the server measured (milliseconds per width)
         "auto_budget": server_state(url, "ddtree_budget_auto") if config == "ddtree auto" else None,
+        # --host-profile: the Python functions per decode iteration (cProfile; the step wall above is inflated)
+        "host_profile": per_iteration(functions_before, functions_after) if functions_after else None,
     }  # fmt: skip
     if not args.trace_steps:
         return cell
@@ -213,7 +222,24 @@ def markdown(report: dict) -> str:
             w = c["traced"]["worker_ms"]
             lines.append(f"| {c['config']} | {c['batch']} | "
                          + " | ".join(f"{w[f]:.2f}" if f in w else "–" for f in functions) + " |")
+    lines += host_profile_markdown(report["cells"])
     return "\n".join(lines) + "\n"
+
+
+def host_profile_markdown(cells: list[dict], top: int = 25) -> list[str]:
+    """Per ``--host-profile`` cell, the functions with the most own milliseconds per decode iteration."""
+    lines = []
+    for c in cells:
+        profile = c.get("host_profile")
+        if not profile or not profile["iterations"]:
+            continue
+        total = sum(row[2] for row in profile["by_own_ms"])
+        lines += ["", f"Python functions of {c['config']}, batch {c['batch']} ({profile['iterations']} decode "
+                  f"iterations under cProfile, whose step wall is inflated: {c['step_wall_ms']:.2f} ms; the top "
+                  f"{len(profile['by_own_ms'])} own times sum to {total:.2f} ms per iteration):", "",
+                  "| function | calls / it | own ms / it | cumulative ms / it |", "|:--|--:|--:|--:|"]  # fmt: skip
+        lines += [f"| `{label}` | {calls:g} | {own:.3f} | {cum:.3f} |" for label, calls, own, cum in profile["by_own_ms"][:top]]
+    return lines
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -238,6 +264,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--sync-debug", action="store_true",
                         help="servers log every synchronising call of their decode loop (SGLANG_DDTREE_SYNC_DEBUG)")
     parser.add_argument("--ignore-eos", action="store_true", help="every request generates --max-new-tokens")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="servers run their decode iterations under cProfile (SGLANG_DDTREE_HOST_PROFILE): the "
+                        "functions of the host time per cell; the step walls of such a run are inflated")  # fmt: skip
     parser.add_argument("--simulate-tau", type=simulated_taus, default={},
                         help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN)")
     parser.add_argument("--ab-env", action="append", default=[], metavar="NAME=VALUE",
@@ -309,13 +338,15 @@ def step_time_table(report: dict, widths: list[int], batch_sizes: list[int]) -> 
 
 def server_env(config: str, args: argparse.Namespace, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Environment of one configuration's server: DDTree's phase timer, the host-timed ranges, the sync debug
-    mode when asked, the simulated acceptance asked for that algorithm and the variant's own variables."""
+    mode and the host profiler when asked, the simulated acceptance asked for that algorithm and the variant's own variables."""
     from sglang_ddtree.ddtree_trace_ranges import SYNC_DEBUG_ENV, TRACE_RANGES_ENV
 
     env = {PROFILE_STEPS_ENV: "1"} if config.startswith("ddtree") else {}
     env[TRACE_RANGES_ENV] = "1"
     if args.sync_debug:
         env[SYNC_DEBUG_ENV] = "1"
+    if args.host_profile:
+        env[HOST_PROFILE_ENV] = "1"
     return {**env, **simulation_env(config, args.simulate_tau), **(extra or {})}
 
 

@@ -39,6 +39,7 @@ def report_plugin_in_internal_state(
     """
     from sglang_ddtree.ddtree_auto_budget import auto_budget_report
     from sglang_ddtree.ddtree_cuda_graph import graph_draft_check_report, graph_verify_check_report
+    from sglang_ddtree.ddtree_host_profile import host_profile_report
     from sglang_ddtree.ddtree_step_profile import step_profile_report
     from sglang_ddtree.ddtree_trace_ranges import host_ranges_report
     from sglang_ddtree.flashinfer_tree_plan import sync_free_plan_report
@@ -52,6 +53,7 @@ def report_plugin_in_internal_state(
                          ("ddtree_tp_tree_check", tp_tree_check_report()),
                          ("ddtree_step_profile", step_profile_report()),
                          ("ddtree_host_ranges", host_ranges_report()),
+                         ("ddtree_host_profile", host_profile_report()),
                          ("ddtree_flashinfer_plans", sync_free_plan_report()),
                          ("ddtree_gdn_wy_verify", wy_verify_report()),
                          ("ddtree_simulated_acceptance", simulation_report()),
@@ -87,6 +89,7 @@ def register() -> None:
     from sglang_ddtree import (
         ddtree_auto_budget,
         ddtree_cuda_graph,
+        ddtree_host_profile,
         ddtree_requests,
         ddtree_simulation,
         ddtree_spec,
@@ -115,6 +118,7 @@ def register() -> None:
         )
     ddtree_simulation.register(HookRegistry, HookType)  # a pass-through unless a DDTREE worker simulates
     ddtree_trace_ranges.register(HookRegistry, HookType)  # nothing unless a profile asks for it
+    ddtree_host_profile.register(HookRegistry, HookType)  # likewise
     flashinfer_tree_plan.register(HookRegistry, HookType)  # a pass-through but for DDTREE's verify graph replays
     if ddtree_auto_budget.auto_budget_requested():
         ddtree_auto_budget.register(HookRegistry, HookType)  # keeps each verify's accepted nodes for the policy

@@ -152,13 +152,15 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     """``SGLANG_SIMULATE_ACC_LEN`` on DDTREE (cost-only, issue 18): SGLang's "match-expected" draw at 1.5 commits 1
     or 2 tokens per verify, half and half, along each tree's first-child branch (the random drafter's trees are
     wide, so deeper branches are the unit test's below), the server keeps serving on the committed tokens, and it
-    says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges on: each verify's
-    phases and SGLang's verify functions inside it are timed once per verify."""
+    says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges and the host profiler
+    on: each verify's phases and SGLang's verify functions inside it are timed once per verify, and the profile
+    finds the worker's step and SGLang's verify inside the decode iterations."""
     target, drafter = models
     engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
               "speculative_num_draft_tokens": 9}  # fmt: skip
     report = run_engine_generate(engine, PROMPTS, GREEDY,
-                                 env={"SGLANG_SIMULATE_ACC_LEN": "1.5", "SGLANG_DDTREE_TRACE_RANGES": "1"})
+                                 env={"SGLANG_SIMULATE_ACC_LEN": "1.5", "SGLANG_DDTREE_TRACE_RANGES": "1",
+                                      "SGLANG_DDTREE_HOST_PROFILE": "1"})  # fmt: skip
     assert report["scheduler_states"][0]["ddtree_simulated_acceptance"]["mean_accept_length"] == 1.5
     metas = report["sequential"]["meta_info"]
     assert all(meta["completion_tokens"] == GREEDY["max_new_tokens"] for meta in metas)
@@ -173,6 +175,13 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     # the draft-context append also runs after each prefill
     assert host["append_target_hidden_to_draft_kv"]["calls"] > host["run_eagle_verify"]["calls"]
     assert 0 < host["eagle_sample"]["total_ms"] < host["run_eagle_verify"]["total_ms"] < host["run_batch"]["total_ms"]
+    profile = report["scheduler_states"][0]["ddtree_host_profile"]
+    [step] = [row for label, row in profile["functions"].items()  # [calls, own ms, cumulative ms]
+              if label.startswith("sglang_ddtree/ddtree_worker.py:") and label.endswith("(forward_batch_generation)")]
+    [sample] = [row for label, row in profile["functions"].items()
+                if label.startswith("sglang/srt/speculative/eagle_utils.py:") and label.endswith("(eagle_sample)")]
+    assert step[0] == profile["iterations"] == host["run_eagle_verify"]["calls"]  # one tree verify per decode step
+    assert sample[0] == step[0] and 0 < sample[2] < step[2]
 
 
 def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():
