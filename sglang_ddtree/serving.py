@@ -69,9 +69,9 @@ def launched_server(
 ) -> Iterator[str]:
     """Start ``python -m sglang_ddtree.launch ARGS --port PORT`` and yield its base URL once it is healthy.
 
-    The child runs outside the checkout: there, ``python -m`` would import this package from its sources, where
-    the top-level kernels/ folder is not yet ``sglang_ddtree.kernels`` (an install maps it). Model and drafter
-    paths relative to the caller's folder are passed on as absolute paths.
+    The child runs outside the checkout, so that it serves the installed package (the one SGLang's plugin entry
+    point loads in every process it starts). Model and drafter paths relative to the caller's folder are passed on
+    as absolute paths.
     """
     port = free_port() if port is None else port
     with sigterm_stops_servers(), open(log_path or default_log_path(port), "w+") as log:

@@ -18,9 +18,6 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/demo_pair_out}
 source tests/gpu/env.sh || exit 1
-# `python -m` from the checkout would import sglang_ddtree from its sources, where kernels/ is not yet
-# sglang_ddtree.kernels: the installed package comes first, the checkout (bench/) after it.
-export PYTHONSAFEPATH=1 PYTHONPATH=$PYTHONPATH:$PWD
 export SGLANG_DDTREE_CACHE_DIR=/tmp/sglang_ddtree_cache
 TARGET=$(python3 -c "from sglang_ddtree.demo_model import ensure_demo_model; print(ensure_demo_model())") || exit 1
 echo "setup and target: $(( $(date +%s) - T0 ))s ($TARGET)" | tee -a "$OUT/demo_pair.log"
