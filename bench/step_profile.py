@@ -3,7 +3,8 @@
     python -m bench.step_profile --model-path P --draft-model-path D [--algos ar,dflash,ddtree]
         [--budgets 16,32,64] [--batch-sizes 1,8] [--datasets mt_bench,humaneval] [--max-new-tokens 256]
         [--ignore-eos] [--simulate-tau dflash=1.42,ddtree=1.90] [--sync-debug] [--trace-steps 0]
-        [--ab-env NAME=VALUE] [--widths 1,2,4,8,16,33 [--write-step-table FILE]] [--host-profile] --out DIR
+        [--ab-env NAME=VALUE] [--widths 1,2,4,8,16,33 [--write-step-table FILE]] [--host-profile]
+        [--prompt-lengths 128,2048,8192,32768] --out DIR
         [-- shared SGLang server flags ...]
 
 Per configuration (launched in turn through the launcher, as ``bench.side_by_side`` does) and batch size, after
@@ -30,6 +31,10 @@ MEAN per verify (SGLang's ``SGLANG_SIMULATE_ACC_LEN``; DDTREE along each tree's 
 shape is profiled at a measured acceptance without its weights. The report says which cells simulated.
 ``--sync-debug`` makes each server log, once per source line, every call of its decode loop that synchronises
 with the GPU (torch's sync debug mode).
+
+``--prompt-lengths L1,L2,...`` measures every cell again at each prompt length (the benchmark prompts' tokens
+repeated to exactly L tokens, so the requests share no prefix): how a step's cost grows with the context. The
+server then needs ``--context-length`` (and, past the model's own, ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``).
 
 ``--ab-env NAME=VALUE`` measures every DDTree configuration twice, as it is and as ``ddtree B=32 NAME=VALUE``
 with that variable in its server's environment: a switch's before/after in one run (e.g.
@@ -165,9 +170,23 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
 HOST_RANGE_ORDER = (*step_trace.SCHEDULER_FUNCTIONS[1:], *step_trace.WORKER_FUNCTIONS, *step_trace.SPEC_FUNCTIONS)
 
 
+def prompts_of_length(prompts: list[dict], length: int) -> list[dict]:
+    """Each prompt's tokens repeated and cut to exactly ``length`` (distinct prompts stay distinct from their
+    first token on, so concurrent requests share no cached prefix)."""
+    out = []
+    for prompt in prompts:
+        ids = prompt["input_ids"]
+        out.append({**prompt, "id": f"{prompt['id']}@{length}", "input_ids": (ids * (length // len(ids) + 1))[:length]})
+    return out
+
+
 def tau_text(cell: dict) -> str:
     tau = cell["tau"] or "–"
     return f"{tau} (simulated, mean {cell['simulated_tau']})" if cell.get("simulated_tau") else str(tau)
+
+
+def prompt_text(cell: dict) -> str:
+    return str(cell["prompt_tokens"]) if cell.get("prompt_tokens") else "benchmark"
 
 
 def markdown(report: dict) -> str:
@@ -181,21 +200,21 @@ def markdown(report: dict) -> str:
         "Untraced: step wall = decode time / steps (median over requests), DDTree's GPU phases from CUDA events. "
         "Traced (torch profiler, CPU + GPU, SGLang's and the worker's ranges): median per scheduler iteration.",
         "",
-        "| config | bs | tau | step wall ms | GPU phases ms | traced wall ms | GPU busy | GPU idle | host sync | "
-        "launches (graphs) | run_batch | process_batch_result | schedule | other host |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| config | bs | prompt tokens | tau | step wall ms | GPU phases ms | traced wall ms | GPU busy | GPU idle | "
+        "host sync | launches (graphs) | run_batch | process_batch_result | schedule | other host |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for c in report["cells"]:
         t = c.get("traced", {})
         s = t.get("scheduler_ms", {})
         phases = f"{sum(c['gpu_phase_ms'].values()):.2f}" if c.get("gpu_phase_ms") else "–"
         if "wall_ms" not in t:
-            lines.append(f"| {c['config']} | {c['batch']} | {tau_text(c)} | {c['step_wall_ms']:.2f} | {phases} | "
-                         f"{t.get('error', '–')} | | | | | | | | |")  # fmt: skip
+            lines.append(f"| {c['config']} | {c['batch']} | {prompt_text(c)} | {tau_text(c)} | {c['step_wall_ms']:.2f} | "
+                         f"{phases} | {t.get('error', '–')} | | | | | | | | |")  # fmt: skip
             continue
         other = t["wall_ms"] - s["run_batch"] - s["process_batch_result"] - s["get_next_batch_to_run"]
         lines.append(
-            f"| {c['config']} | {c['batch']} | {tau_text(c)} | {c['step_wall_ms']:.2f} | {phases} | "
+            f"| {c['config']} | {c['batch']} | {prompt_text(c)} | {tau_text(c)} | {c['step_wall_ms']:.2f} | {phases} | "
             f"{t['wall_ms']:.2f} | {t['gpu_busy_ms']:.2f} | {t['gpu_idle_ms']:.2f} | {t['sync_ms']:.2f} | "
             f"{t['launches']:.0f} ({t['graph_launches']:.0f}) | {s['run_batch']:.2f} | {s['process_batch_result']:.2f} | "
             f"{s['get_next_batch_to_run']:.2f} | {other:.2f} |"
@@ -205,11 +224,11 @@ def markdown(report: dict) -> str:
     if host_rows:
         lines += ["", "Host ms per scheduler iteration (`SGLANG_DDTREE_TRACE_RANGES=1`: host clock around each "
                   "function, untraced run; nested names overlap; `process_batch_result` includes the wait for the "
-                  "previous step's results):", "", "| config | bs | iterations | " + " | ".join(names) + " |",
-                  "|:--|--:|--:|" + "--:|" * len(names)]  # fmt: skip
+                  "previous step's results):", "", "| config | bs | prompt tokens | iterations | " + " | ".join(names)
+                  + " |", "|:--|--:|--:|--:|" + "--:|" * len(names)]  # fmt: skip
         for c in host_rows:
             h = c["host_ms_per_iteration"]
-            lines.append(f"| {c['config']} | {c['batch']} | {h['iterations']} | "
+            lines.append(f"| {c['config']} | {c['batch']} | {prompt_text(c)} | {h['iterations']} | "
                          + " | ".join(f"{h[n]['ms']:.3f}" if n in h else "–" for n in names) + " |")
     worker_rows = [c for c in report["cells"] if c.get("traced", {}).get("worker_ms")]
     functions = [f for f in (*step_trace.WORKER_FUNCTIONS, *step_trace.SPEC_FUNCTIONS)
@@ -258,6 +277,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--datasets", type=lambda s: s.split(","), default=["mt_bench", "humaneval"])
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-lengths", type=int_list, default=[],
+                        help="measure every cell at each of these prompt lengths (tokens; the benchmark prompts "
+                        "repeated), for the step's growth with context")  # fmt: skip
     parser.add_argument("--trace-steps", type=int, default=0,
                         help="also take a torch-profiler trace of this many decode steps per cell (it has crashed "
                         "SGLang 0.5.17's scheduler on the H200 machine)")  # fmt: skip
@@ -288,6 +310,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--step-time-table is the table of --budgets auto")
     if args.widths and (args.widths != sorted(set(args.widths)) or args.widths[0] != 1 or "ddtree" not in args.algos):
         parser.error("--widths must ascend from 1 (the last is the drafted tree), with ddtree among --algos")
+    if args.prompt_lengths and min(args.prompt_lengths) < 1:
+        parser.error("--prompt-lengths take positive integers")
     if args.write_step_table and not args.widths:
         parser.error("--write-step-table needs --widths")
     if not args.batch_sizes or min(args.batch_sizes) < 1 or args.trace_steps == 1 or args.trace_steps < 0 \
@@ -376,8 +400,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         with launched_server([*launch_args, *shared], log_path=log, env=server_env(config, args, extra) or None,
                              ready_timeout=900) as url:  # fmt: skip
             run_cell(url, config, warm, 0.0, 1, 32, args.ignore_eos)
-            for batch in args.batch_sizes:
-                report["cells"].append(profile_cell(url, config, prompts, batch, args, out, phases))
+            for length in args.prompt_lengths or [None]:
+                cell_prompts = prompts_of_length(prompts, length) if length else prompts
+                for batch in args.batch_sizes:
+                    cell = profile_cell(url, config, cell_prompts, batch, args, out, phases)
+                    report["cells"].append({**cell, "prompt_tokens": length})
         (out / "step_profile.json").write_text(json.dumps(report, indent=1))
         (out / "step_profile.md").write_text(markdown(report))
     if args.write_step_table:

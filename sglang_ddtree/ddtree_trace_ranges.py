@@ -48,6 +48,19 @@ TRACED_FUNCTIONS = {  # range name -> SGLang 0.5.17 function
     "commit_mamba_states_after_verify": f"{_SPEC}.spec_utils.commit_mamba_states_after_verify",
     "finalize_accept_tree_path": f"{_SPEC}.eagle_worker_common._finalize_accept_tree_path",
     "append_target_hidden_to_draft_kv": f"{_SPEC}.dflash_worker_v2.DFlashWorkerV2._append_target_hidden_to_draft_kv_by_loc",
+    # inside the above: the graph runners' input copies, replays and FlashInfer plan inputs, the tree path's
+    # compaction, the drafter's projection of the committed features, and the scheduler's per-step bookkeeping
+    "graph_fill_buffers": "sglang.srt.model_executor.cuda_graph_buffer_registry.CudaGraphBufferRegistry.fill_from",
+    "graph_replay": "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.replay",
+    "verify_plan_inputs": f"{_SPEC}.eagle_info.EagleVerifyInput.generate_attn_arg_prefill",
+    "draft_block_plan_inputs": f"{_SPEC}.dflash_info.DFlashVerifyInput.generate_attn_arg_prefill",
+    "move_accepted_kv": f"{_SPEC}.eagle_worker_common.move_accept_tokens_to_target_kvcache",
+    "compact_accept_to_front": f"{_SPEC}.eagle_worker_common._compact_accept_to_front",
+    "draft_project_target_hidden": "sglang.srt.models.dflash.DFlashDraftModel.project_target_hidden",
+    "resolve_seq_lens_cpu": "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu",
+    "process_batch_result_decode": ("sglang.srt.managers.scheduler_components.batch_result_processor."
+                                    "SchedulerBatchResultProcessor.process_batch_result_decode"),
+    "stream_output": "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output",
 }
 
 

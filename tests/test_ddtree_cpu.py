@@ -175,6 +175,10 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     # the draft-context append also runs after each prefill
     assert host["append_target_hidden_to_draft_kv"]["calls"] > host["run_eagle_verify"]["calls"]
     assert 0 < host["eagle_sample"]["total_ms"] < host["run_eagle_verify"]["total_ms"] < host["run_batch"]["total_ms"]
+    # inside the tree path's compaction: one KV move, and the predictions and hidden states gathered to the front
+    assert host["move_accepted_kv"]["calls"] == host["run_eagle_verify"]["calls"]
+    assert host["compact_accept_to_front"]["calls"] == 2 * host["run_eagle_verify"]["calls"]
+    assert host["draft_project_target_hidden"]["calls"] == host["append_target_hidden_to_draft_kv"]["calls"]
     profile = report["scheduler_states"][0]["ddtree_host_profile"]
     [step] = [row for label, row in profile["functions"].items()  # [calls, own ms, cumulative ms]
               if label.startswith("sglang_ddtree/ddtree_worker.py:") and label.endswith("(forward_batch_generation)")]
