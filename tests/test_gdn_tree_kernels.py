@@ -62,7 +62,7 @@ def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch
     bs = parents.shape[0]
     workspace = torch.full((bs, capacity, HV, V, K), float("nan"), device=DEVICE)
     out = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
-                          parents=parents.to(torch.int32).to(DEVICE), workspace=workspace,
+                          parents=parents.to(torch.int64).to(DEVICE), workspace=workspace,  # SGLang's dtype
                           workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5,
                           capacity=capacity)  # fmt: skip
     return out, workspace

@@ -83,7 +83,7 @@ def _gdn_tree_verify_kernel(
     anc = (cols[None, :] == rows[:, None]) & valid[:, None]
     cur = tl.where(valid, rows, 0)
     for _ in range(1, T):
-        cur = tl.where(cur > 0, tl.load(req_parents + tl.maximum(cur, 0), mask=cur > 0, other=-1), -1)
+        cur = tl.where(cur > 0, tl.load(req_parents + tl.maximum(cur, 0), mask=cur > 0, other=-1).to(tl.int32), -1)
         anc = anc | ((cols[None, :] == cur[:, None]) & (cur[:, None] >= 0))
     b_G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)
     decay = tl.exp(tl.where(anc, b_G[:, None] - b_G[None, :], float("-inf")))  # exp(G_i - G_j) on the path, else 0

@@ -1,0 +1,130 @@
+"""Every Triton kernel of the package compiles for Hopper (sm_90): checked on the CPU, from real launches.
+
+The CPU tests run the kernels under Triton's interpreter, which executes them as Python and skips the compiler's
+type rules. So a loop-carried variable that changed dtype (int32 -> int64, loading a tree's int64 parents) passed
+every CPU test and failed to compile on the H200 (tests/gpu/RESULTS.md run 51). Here each kernel's first launch in
+a few of the kernel specifications below is recorded under the interpreter (argument dtypes and constexpr values),
+and a child process without the interpreter lowers each launch to Triton IR for sm_90: the compiler's front end,
+which needs no GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import sglang_ddtree.kernels
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="records launches under the interpreter")
+
+_POINTER_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64",
+                  torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}  # fmt: skip
+_LOWER_TO_TTIR = """
+import importlib, json, sys
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.compiler import ASTSource
+from triton._C.libtriton import ir
+
+target = GPUTarget("cuda", 90, 32)
+backend = CUDABackend(target)
+options = backend.parse_options({})
+failures = []
+for launch in json.load(sys.stdin):
+    module_name, kernel_name = launch["kernel"].rsplit(".", 1)
+    kernel = getattr(importlib.import_module(module_name), kernel_name)
+    names = kernel.arg_names
+    constexprs = {(names.index(name),): value for name, value in launch["constexprs"].items()}
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    try:
+        ASTSource(fn=kernel, signature=launch["signature"], constexprs=constexprs).make_ir(
+            target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    except Exception as error:  # the compiler's own message names the line and the rule
+        failures.append(f"{launch['kernel']}: {error}")
+print(json.dumps(failures))
+"""
+
+
+def package_kernels() -> set[str]:
+    """Every launchable kernel (``*_kernel``) of ``sglang_ddtree.kernels``, as ``module.name``."""
+    found = set()
+    for module_info in pkgutil.iter_modules(sglang_ddtree.kernels.__path__):
+        module = importlib.import_module(f"sglang_ddtree.kernels.{module_info.name}")
+        found |= {f"{module.__name__}.{name}" for name, value in vars(module).items()
+                  if name.endswith("_kernel") and hasattr(value, "fn")}  # fmt: skip
+    return found
+
+
+def launch_record(fn, args: tuple, kwargs: dict) -> dict:
+    """The signature Triton would compile for this call: pointer dtypes, scalar types and constexpr values."""
+    parameters = inspect.signature(fn).parameters
+    bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items() if k in parameters})
+    signature, constexprs = {}, {}
+    for name, parameter in parameters.items():
+        value = bound.arguments.get(name, parameter.default)
+        if "constexpr" in str(parameter.annotation) or value is None:
+            constexprs[name] = value
+            signature[name] = "constexpr"
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _POINTER_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: no Triton type for argument {name}={value!r}")
+    return {"kernel": f"{fn.__module__}.{fn.__name__}", "signature": signature, "constexprs": constexprs}
+
+
+@pytest.fixture(scope="module")
+def launches() -> list[dict]:
+    """One recorded launch per kernel, from kernel specifications that exercise every kernel once."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    import test_gdn_tree_kernels as gdn
+    import test_tree_kernels as tree
+    import test_tree_mask_packed as packed
+
+    recorded: dict[str, dict] = {}
+    original_run = InterpretedFunction.run
+
+    def recording_run(self, *args, **kwargs):
+        record = launch_record(self.fn, args, kwargs)
+        recorded.setdefault(record["kernel"], record)
+        return original_run(self, *args, **kwargs)
+
+    InterpretedFunction.run = recording_run
+    try:
+        tree.test_topk_reads_strided_half_precision_logits()
+        tree.test_sharded_merge_equals_unsharded(vocab=1000, k=256, cuts=[0, 100, 1000], style="normal")
+        tree.test_build_ddtree_fills_preallocated_buffers_and_matches_reference()
+        tree.test_the_first_child_branch_kernel_walks_each_trees_chain_as_the_plain_loop_does(per_request=True)
+        packed.test_a_request_sees_its_whole_prefix_and_exactly_its_ancestors()
+        gdn.test_commit_of_the_root_alone_is_one_recurrence_step()
+    finally:
+        InterpretedFunction.run = original_run
+    return list(recorded.values())
+
+
+def test_every_kernel_of_the_package_is_launched_by_the_specifications_above(launches):
+    assert {launch["kernel"] for launch in launches} == package_kernels()
+
+
+def test_every_launch_lowers_to_triton_ir_for_sm90(launches):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", _LOWER_TO_TTIR], input=json.dumps(launches), env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
