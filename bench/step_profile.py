@@ -18,7 +18,7 @@ a warm-up at that batch size:
    ``sglang_ddtree.ddtree_trace_ranges``), over the same requests as the step wall.
 4. optionally (``--host-profile``) **the Python functions of the host time**: the servers run their decode
    iterations under cProfile (``SGLANG_DDTREE_HOST_PROFILE=1``, see ``sglang_ddtree.ddtree_host_profile``); per
-   cell, the functions with the most own and cumulative milliseconds per iteration. The profiler charges every
+   cell, the functions with the most own milliseconds per iteration. The profiler charges every
    Python call, so such a run's step walls are inflated: its shares are what it measures.
 5. optionally (``--trace-steps N``) **a torch-profiler trace** of N steps (CPU and GPU; the same functions as
    profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: host time blocked in
@@ -252,12 +252,11 @@ def host_profile_markdown(cells: list[dict], top: int = 25) -> list[str]:
         profile = c.get("host_profile")
         if not profile or not profile["iterations"]:
             continue
-        total = sum(row[2] for row in profile["by_own_ms"])
-        lines += ["", f"Python functions of {c['config']}, batch {c['batch']} ({profile['iterations']} decode "
-                  f"iterations under cProfile, whose step wall is inflated: {c['step_wall_ms']:.2f} ms; the top "
-                  f"{len(profile['by_own_ms'])} own times sum to {total:.2f} ms per iteration):", "",
-                  "| function | calls / it | own ms / it | cumulative ms / it |", "|:--|--:|--:|--:|"]  # fmt: skip
-        lines += [f"| `{label}` | {calls:g} | {own:.3f} | {cum:.3f} |" for label, calls, own, cum in profile["by_own_ms"][:top]]
+        lines += ["", f"Python functions of {c['config']}, batch {c['batch']}, {prompt_text(c)} prompts "
+                  f"({profile['iterations']} decode iterations under cProfile, whose step wall is inflated: "
+                  f"{c['step_wall_ms']:.2f} ms; own times of all functions: {profile['own_ms']:.2f} ms per iteration):",
+                  "", "| function | calls / it | own ms / it |", "|:--|--:|--:|"]  # fmt: skip
+        lines += [f"| `{label}` | {calls:g} | {own:.3f} |" for label, calls, own in profile["by_own_ms"][:top]]
     return lines
 
 

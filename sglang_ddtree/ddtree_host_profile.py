@@ -4,12 +4,15 @@ The host-timed ranges (``ddtree_trace_ranges``) say how long each of a few named
 what inside SGLang's verify, the graph runners' ``load_batch`` or the attention backends' plans costs, and torch
 profiler traces crash SGLang 0.5.17's scheduler on the H200 machine. With the variable set, the scheduler runs its
 decode ``run_batch`` and ``process_batch_result`` calls under one ``cProfile`` profiler, and ``/server_info``
-reports the totals so far as ``ddtree_host_profile`` (per function: calls, own ms, cumulative ms, and the decode
+reports the totals so far as ``ddtree_host_profile`` (per function: calls and own milliseconds, and the decode
 iterations profiled). ``bench.step_profile --host-profile`` turns two reports into milliseconds per iteration
 (:func:`per_iteration`).
 
-A deterministic profiler charges every Python call (~1 µs each), so the step walls of a profiled server are not
-a serving step's: read the shares, not the absolute times. Off by default.
+Own times only: on the H200 machine (Python 3.12) the profiler's cumulative times of the functions that enclose
+DDTree's step stayed at zero (``run_eagle_verify``, ``run_batch``: tests/gpu/RESULTS.md run 49; cause not found)
+while AR's were whole, so no cumulative column is reported rather than a wrong one; the host-timed ranges give
+the enclosing functions' times. A deterministic profiler charges every Python call (~1 µs each), so the step
+walls of a profiled server are not a serving step's: read the shares, not the absolute times. Off by default.
 """
 
 from __future__ import annotations
@@ -56,14 +59,11 @@ class DecodeHostProfile:
         return profiled
 
     def report(self) -> dict:
-        """``{"iterations", "functions": {"file:line(name)": [calls, own ms, cumulative ms]}}`` so far."""
+        """``{"iterations", "functions": {"file:line(name)": [calls, own ms]}}`` so far."""
         if self.iterations == 0:
             return {"iterations": 0, "functions": {}}
         stats = pstats.Stats(self.profiler).stats  # type: ignore[attr-defined]
-        functions = {
-            function_label(key): [int(nc), round(1e3 * tt, 4), round(1e3 * ct, 4)]
-            for key, (_cc, nc, tt, ct, _callers) in stats.items()
-        }
+        functions = {function_label(key): [int(nc), round(1e3 * tt, 4)] for key, (_cc, nc, tt, _ct, _) in stats.items()}
         return {"iterations": self.iterations, "functions": functions}
 
 
@@ -89,22 +89,18 @@ def host_profile_report() -> Optional[dict]:
 
 def per_iteration(before: Optional[dict], after: dict, top: int = 40) -> dict:
     """Milliseconds per decode iteration between two ``ddtree_host_profile`` reports: the ``top`` functions by own
-    time and by cumulative time, each ``[label, calls per iteration, own ms, cumulative ms]``."""
+    time, each ``[label, calls per iteration, own ms]``, and every function's own time summed (``own_ms``)."""
     before = before or {"iterations": 0, "functions": {}}
     iterations = after["iterations"] - before["iterations"]
     if iterations <= 0:
-        return {"iterations": 0, "by_own_ms": [], "by_cumulative_ms": []}
+        return {"iterations": 0, "own_ms": 0.0, "by_own_ms": []}
     rows = []
-    for label, (calls, own, cumulative) in after["functions"].items():
-        then = before["functions"].get(label, [0, 0.0, 0.0])
-        if calls > then[0]:
-            rows.append([label, round((calls - then[0]) / iterations, 3), round((own - then[1]) / iterations, 4),
-                         round((cumulative - then[2]) / iterations, 4)])  # fmt: skip
-    return {
-        "iterations": iterations,
-        "by_own_ms": sorted(rows, key=lambda r: -r[2])[:top],
-        "by_cumulative_ms": sorted(rows, key=lambda r: -r[3])[:top],
-    }
+    for label, (calls, own) in after["functions"].items():
+        then_calls, then_own = before["functions"].get(label, [0, 0.0])
+        if calls > then_calls:
+            rows.append([label, round((calls - then_calls) / iterations, 3), round((own - then_own) / iterations, 4)])
+    rows.sort(key=lambda r: -r[2])
+    return {"iterations": iterations, "own_ms": round(sum(r[2] for r in rows), 3), "by_own_ms": rows[:top]}
 
 
 def register(registry: Any, hook_type: Any) -> None:

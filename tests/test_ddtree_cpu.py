@@ -180,12 +180,12 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     assert host["compact_accept_to_front"]["calls"] == 2 * host["run_eagle_verify"]["calls"]
     assert host["draft_project_target_hidden"]["calls"] == host["append_target_hidden_to_draft_kv"]["calls"]
     profile = report["scheduler_states"][0]["ddtree_host_profile"]
-    [step] = [row for label, row in profile["functions"].items()  # [calls, own ms, cumulative ms]
+    [step] = [row for label, row in profile["functions"].items()  # [calls, own ms]
               if label.startswith("sglang_ddtree/ddtree_worker.py:") and label.endswith("(forward_batch_generation)")]
     [sample] = [row for label, row in profile["functions"].items()
                 if label.startswith("sglang/srt/speculative/eagle_utils.py:") and label.endswith("(eagle_sample)")]
     assert step[0] == profile["iterations"] == host["run_eagle_verify"]["calls"]  # one tree verify per decode step
-    assert sample[0] == step[0] and 0 < sample[2] < step[2]
+    assert sample[0] == step[0] and sample[1] > 0
 
 
 def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():

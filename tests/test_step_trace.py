@@ -171,18 +171,18 @@ def test_the_host_profile_is_read_per_iteration_between_two_reports_and_tabled_b
     iterations between them; functions that did not run in between are left out."""
     from sglang_ddtree.ddtree_host_profile import per_iteration
 
-    before = {"iterations": 10, "functions": {"a.py:1(plan)": [10, 5.0, 9.0], "b.py:2(idle)": [3, 1.0, 1.0]}}
-    after = {"iterations": 30, "functions": {"a.py:1(plan)": [50, 25.0, 49.0], "b.py:2(idle)": [3, 1.0, 1.0],
-                                             "c.py:3(sample)": [20, 30.0, 50.0]}}  # fmt: skip
+    before = {"iterations": 10, "functions": {"a.py:1(plan)": [10, 5.0], "b.py:2(idle)": [3, 1.0]}}
+    after = {"iterations": 30, "functions": {"a.py:1(plan)": [50, 25.0], "b.py:2(idle)": [3, 1.0],
+                                             "c.py:3(sample)": [20, 30.0]}}  # fmt: skip
     profile = per_iteration(before, after)
-    assert profile["iterations"] == 20
-    assert profile["by_own_ms"] == [["c.py:3(sample)", 1.0, 1.5, 2.5], ["a.py:1(plan)", 2.0, 1.0, 2.0]]
-    assert [row[0] for row in profile["by_cumulative_ms"]] == ["c.py:3(sample)", "a.py:1(plan)"]
-    assert per_iteration(after, after)["by_own_ms"] == []
+    assert profile == {"iterations": 20, "own_ms": 2.5,
+                       "by_own_ms": [["c.py:3(sample)", 1.0, 1.5], ["a.py:1(plan)", 2.0, 1.0]]}  # fmt: skip
+    assert per_iteration(after, after)["by_own_ms"] == [] and per_iteration(None, after)["iterations"] == 30
     cell = {"config": "ddtree B=32", "batch": 1, "step_wall_ms": 9.5, "host_profile": profile}
     table = step_profile.host_profile_markdown([cell, {"config": "ar", "batch": 1, "host_profile": None}])
-    assert table[1].startswith("Python functions of ddtree B=32, batch 1 (20 decode iterations under cProfile")
-    assert table[-2:] == ["| `c.py:3(sample)` | 1 | 1.500 | 2.500 |", "| `a.py:1(plan)` | 2 | 1.000 | 2.000 |"]
+    assert table[1].startswith("Python functions of ddtree B=32, batch 1, benchmark prompts (20 decode iterations")
+    assert "own times of all functions: 2.50 ms per iteration" in table[1]
+    assert table[-2:] == ["| `c.py:3(sample)` | 1 | 1.500 |", "| `a.py:1(plan)` | 2 | 1.000 |"]
 
 
 def test_an_ab_variable_measures_each_ddtree_configuration_again_with_it_set():

@@ -35,7 +35,7 @@ def test_real_shapes_match_sglangs_snapshot_tree_verify(bs, T, shape):
         cache_steps=T, retrieve_parent_token=parents.cuda(),
     ).view(bs, T, HV, K)  # fmt: skip
     workspace = torch.empty(bs, workspace_numel(T, HV, K, K), device="cuda")
-    ours = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents.to(torch.int32).cuda(), workspace,
+    ours = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents.cuda(), workspace,  # int64, as SGLang
                            torch.arange(bs, device="cuda"), K**-0.5)  # fmt: skip
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
     last = torch.randint(0, T, (bs,), generator=g).cuda()
