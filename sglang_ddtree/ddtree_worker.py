@@ -61,7 +61,7 @@ from sglang_ddtree.ddtree_verify_graphs import (
     capture_verify_graphs,
     verify_graphs_per_width_requested,
 )
-from sglang_ddtree.flashinfer_tree_plan import planned_from_host_lengths
+from sglang_ddtree.flashinfer_tree_plan import compare_with_scheduler_mirror, planned_from_host_lengths
 from sglang_ddtree.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
 
@@ -345,11 +345,16 @@ class DDTreeWorker(DFlashWorkerV2):
         lengths once, here, where the GPU has finished the previous step's verify or is about to: FlashInfer's
         plans would otherwise read them back twice per step (the draft block's and the verify's, the latter
         after the draft forward). Only where such a plan runs (FlashInfer, CUDA graphs; the verify at a width with
-        verify graphs, the draft block at any width but 1).
+        verify graphs, the draft block at any width but 1). Each read is compared with the scheduler's own host
+        mirror of the lengths (``compare_with_scheduler_mirror``): if they always agree, this read can go.
         """
         verify = self._plans_from_host_lengths and self._has_verify_graph(width)
         draft = self._draft_plans_from_host_lengths and width > 1
-        return batch.seq_lens.to("cpu", torch.int32) if verify or draft else None
+        if not (verify or draft):
+            return None
+        read = batch.seq_lens.to("cpu", torch.int32)
+        compare_with_scheduler_mirror(read, batch.seq_lens_cpu)
+        return read
 
     def _verify_kv_lens(self, prefix_lens_cpu: Optional[torch.Tensor], width: int) -> Optional[torch.Tensor]:
         """The verify's key lengths on the host (prefix + tree), where its graph's plan takes them."""

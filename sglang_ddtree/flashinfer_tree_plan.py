@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -37,7 +37,8 @@ from sglang_ddtree.env_flags import env_flag
 
 SYNC_FREE_PLAN_ENV = "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"
 CALL_BEGIN_FORWARD = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward"
-_counts = {"sync_free_plans": 0, "upstream_plans": 0, "sync_free_draft_plans": 0, "upstream_draft_plans": 0}
+_counts = {"sync_free_plans": 0, "upstream_plans": 0, "sync_free_draft_plans": 0, "upstream_draft_plans": 0,
+           "read_lengths_equal_scheduler_mirror": 0, "read_lengths_differ_from_scheduler_mirror": 0}
 
 
 def sync_free_plan_enabled() -> bool:
@@ -168,6 +169,20 @@ def _plan_draft_block(original: Callable[..., None], updater: Any, call: inspect
     _plan_from_host_lengths(updater, wrapper, kv_lens_host, block, (kv_indices, kv_indptr, qo_indptr), call)
     _counts["sync_free_draft_plans"] += 1
     return None
+
+
+def compare_with_scheduler_mirror(read: torch.Tensor, mirror: Optional[torch.Tensor]) -> None:
+    """Count whether the lengths the worker read from the device equal the scheduler's host mirror of them.
+
+    Under overlap scheduling SGLang's ``FutureMap.resolve_seq_lens_cpu`` already copies the committed lengths to
+    the host (a synchronised copy on a stream of its own) before the step, whenever an attention backend asks for
+    them, FlashInfer's included. If that mirror always equals the worker's read, the read is a second blocking
+    copy of the same numbers and can go; the counts on ``/server_info`` say so before anything relies on it (the
+    plan from upper bounds was wrong, run 38). A host comparison of ``bs`` integers, no device access."""
+    if mirror is None:
+        return
+    same = mirror.shape == read.shape and bool(torch.equal(mirror.to(read.dtype), read))
+    _counts["read_lengths_equal_scheduler_mirror" if same else "read_lengths_differ_from_scheduler_mirror"] += 1
 
 
 def sync_free_plan_report() -> dict[str, int] | None:

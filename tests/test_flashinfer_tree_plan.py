@@ -190,3 +190,16 @@ def test_the_worker_decides_once_the_targets_attention_backend_exists(monkeypatc
     worker.draft_model_runner = SimpleNamespace(attn_backend=object.__new__(FlashInferAttnBackend))
     worker.init_attention_backends()
     assert worker._plans_from_host_lengths and worker._draft_plans_from_host_lengths
+
+
+def test_the_worker_read_is_compared_with_the_schedulers_host_mirror_of_the_lengths():
+    """Whether the one blocking read per step is redundant (SGLang's FutureMap may already hold the same lengths on
+    the host): counted, equal or not, and nothing counted where the scheduler keeps no mirror."""
+    before = dict(flashinfer_tree_plan._counts)
+    read = torch.tensor([7, 12], dtype=torch.int32)
+    flashinfer_tree_plan.compare_with_scheduler_mirror(read, torch.tensor([7, 12], dtype=torch.int64))
+    flashinfer_tree_plan.compare_with_scheduler_mirror(read, torch.tensor([7, 13]))  # a bound, not the length
+    flashinfer_tree_plan.compare_with_scheduler_mirror(read, torch.tensor([7]))  # another batch's mirror
+    flashinfer_tree_plan.compare_with_scheduler_mirror(read, None)
+    grew = {k: flashinfer_tree_plan._counts[k] - before[k] for k in before}
+    assert grew["read_lengths_equal_scheduler_mirror"] == 1 and grew["read_lengths_differ_from_scheduler_mirror"] == 2
