@@ -137,7 +137,7 @@ def traced_steps(url: str, config: str, prompts: list[dict], batch: int, max_new
 
 
 def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: argparse.Namespace,
-                 out: Path, phases: bool) -> dict:  # fmt: skip
+                 out: Path, phases: bool, prompt_label: str = "benchmark") -> dict:  # fmt: skip
     """Warm up at ``batch``, then the untraced step wall, DDTree's GPU phases and the traced split."""
     warmup = (prompts * batch)[: max(batch, 2)]
     run_cell(url, config, warmup, 0.0, batch, 32, args.ignore_eos)
@@ -163,7 +163,7 @@ def profile_cell(url: str, config: str, prompts: list[dict], batch: int, args: a
         return cell
     slug = config.replace(" ", "_").replace("=", "")
     cell["traced"] = traced_steps(url, config, prompts, batch, args.max_new_tokens, args.trace_steps,
-                                  out / "traces" / slug / f"bs{batch}", args.ignore_eos)  # fmt: skip
+                                  out / "traces" / slug / f"bs{batch}_{prompt_label}", args.ignore_eos)  # fmt: skip
     return cell
 
 
@@ -209,8 +209,8 @@ def markdown(report: dict) -> str:
         s = t.get("scheduler_ms", {})
         phases = f"{sum(c['gpu_phase_ms'].values()):.2f}" if c.get("gpu_phase_ms") else "–"
         if "wall_ms" not in t:
-            lines.append(f"| {c['config']} | {c['batch']} | {prompt_text(c)} | {tau_text(c)} | {c['step_wall_ms']:.2f} | "
-                         f"{phases} | {t.get('error', '–')} | | | | | | | | |")  # fmt: skip
+            lines.append(f"| {c['config']} | {c['batch']} | {prompt_text(c)} | {tau_text(c)} | "
+                         f"{c['step_wall_ms']:.2f} | {phases} | {t.get('error', '–')} | | | | | | | | |")  # fmt: skip
             continue
         other = t["wall_ms"] - s["run_batch"] - s["process_batch_result"] - s["get_next_batch_to_run"]
         lines.append(
@@ -361,7 +361,8 @@ def step_time_table(report: dict, widths: list[int], batch_sizes: list[int]) -> 
 
 def server_env(config: str, args: argparse.Namespace, extra: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Environment of one configuration's server: DDTree's phase timer, the host-timed ranges, the sync debug
-    mode and the host profiler when asked, the simulated acceptance asked for that algorithm and the variant's own variables."""
+    mode and the host profiler when asked, the simulated acceptance asked for that algorithm and the variant's own
+    variables."""
     from sglang_ddtree.ddtree_trace_ranges import SYNC_DEBUG_ENV, TRACE_RANGES_ENV
 
     env = {PROFILE_STEPS_ENV: "1"} if config.startswith("ddtree") else {}
@@ -402,7 +403,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             for length in args.prompt_lengths or [None]:
                 cell_prompts = prompts_of_length(prompts, length) if length else prompts
                 for batch in args.batch_sizes:
-                    cell = profile_cell(url, config, cell_prompts, batch, args, out, phases)
+                    cell = profile_cell(url, config, cell_prompts, batch, args, out, phases, str(length or "benchmark"))
                     report["cells"].append({**cell, "prompt_tokens": length})
         (out / "step_profile.json").write_text(json.dumps(report, indent=1))
         (out / "step_profile.md").write_text(markdown(report))
