@@ -9,7 +9,7 @@ All servers are started side by side through ``python -m sglang_ddtree.launch`` 
 measured one after the other: for each batch size, ``bs`` concurrent greedy requests of ``--new-tokens``
 tokens; step time = wall time / verify steps of the slowest request (AR: / tokens). Median over
 ``--repeats``. DDTree servers run with ``SGLANG_DDTREE_PROFILE_STEPS=1`` (CUDA events, no host sync): the
-second table splits their GPU step time into the phases of ``sglang_ddtree.ddtree_step_profile``.
+second table splits their GPU step time into the phases of ``sglang_ddtree.profiling.ddtree_step_profile``.
 
     python bench/ddtree_overhead.py --models /tmp/tiny_models --out bench/results/ddtree_overhead
 
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.profiling.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server
 
 COMMON_FLAGS = [

@@ -5,7 +5,7 @@
         [--device cpu] --out FILE
 
 The target answers each prompt greedily here (float32; prompts built as ``bench.side_by_side`` sends them:
-same loader, same chat template), and ``sglang_ddtree.drafter_acceptance`` replays decoding along those
+same loader, same chat template), and ``sglang_ddtree.training.drafter_acceptance`` replays decoding along those
 answers with each drafter. The tau it gives is what a T = 0 server reports for these paths (on SGLang's CPU
 engine the replay takes exactly the server's verify steps); a GPU server in bf16 decodes slightly different
 paths, so its tau agrees statistically. Compare drafters on the benchmark prompts on any machine, or, with
@@ -27,7 +27,7 @@ from sglang_ddtree.cli import OneLineArgumentParser, int_list
 def held_out_prompts(answers_path: str, held_out_fraction: float, limit: int) -> list[dict]:
     """The prompts a training run held out (``train_drafter``'s split of its ``--answers-out`` file), as token
     ids: the in-distribution counterpart of the benchmark prompts."""
-    from sglang_ddtree.train_drafter import read_answers, split_by_prompt
+    from sglang_ddtree.training.train_drafter import read_answers, split_by_prompt
 
     held_out, _ = split_by_prompt(read_answers(answers_path), held_out_fraction)
     prompt_ids = list(dict.fromkeys(tuple(a.ids[: a.answer_start]) for a in held_out))
@@ -35,8 +35,8 @@ def held_out_prompts(answers_path: str, held_out_fraction: float, limit: int) ->
 
 
 def load_drafter(folder: str, target_config: dict, device: str):
-    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
-    from sglang_ddtree.train_drafter import load_drafter as load_weights
+    from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.training.train_drafter import load_drafter as load_weights
 
     with open(Path(folder) / "config.json") as f:
         config = json.load(f)
@@ -62,8 +62,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bench import prompts as prompt_sets
-    from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
-    from sglang_ddtree.train_drafter import self_distill_hf
+    from sglang_ddtree.training.drafter_acceptance import greedy_acceptance, tau
+    from sglang_ddtree.training.train_drafter import self_distill_hf
 
     parser = OneLineArgumentParser(prog="python -m bench.drafter_replay", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")

@@ -25,7 +25,7 @@ import torch
 import triton.testing
 
 from bench.provenance import checkout_commit
-from sglang_ddtree.gdn_tree_reference import random_parents
+from sglang_ddtree.tree.gdn_tree_reference import random_parents
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128

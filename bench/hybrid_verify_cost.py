@@ -48,8 +48,8 @@ from typing import Optional
 from bench.provenance import checkout_commit
 from bench.side_by_side import stream_generate
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
-from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
-from sglang_ddtree.hybrid_tree_verify import WY_VERIFY_ENV
+from sglang_ddtree.profiling.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.speculative.hybrid_tree_verify import WY_VERIFY_ENV
 from sglang_ddtree.serving import ServerStartError, launched_server
 
 QWEN36_27B_TEXT = {

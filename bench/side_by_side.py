@@ -21,7 +21,7 @@ not bitwise reproducible on a GPU, each divergence is listed with its prompt, po
 log-probability margin there (AR's per-token top-2 are recorded in an extra, untimed pass).
 
 ``--profile-steps`` also splits each DDTree cell's decode step into its phases (CUDA events on the server,
-``sglang_ddtree.ddtree_step_profile``): where the step's time goes on the pair being measured.
+``sglang_ddtree.profiling.ddtree_step_profile``): where the step's time goes on the pair being measured.
 
 A step's cost depends on shapes, not weights: on a random-weight target (``--load-format dummy`` after ``--``),
 ``--simulate-tau ALGO=MEAN`` makes that algorithm's servers commit a drawn length of mean MEAN per verify (SGLang's
@@ -51,7 +51,7 @@ from typing import Optional, Sequence
 
 from bench.provenance import checkout_commit
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
-from sglang_ddtree.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.profiling.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server, server_state
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -286,7 +286,7 @@ def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
     """The DDTree decode step split into its phases per cell (``--profile-steps``), or nothing."""
     if not step_profiles:
         return ""
-    lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; `sglang_ddtree.ddtree_step_profile`):", "",
+    lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; `sglang_ddtree.profiling.ddtree_step_profile`):", "",
              "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step |",
              "|:--|:--|--:|--:|--:|" + "--:|" * (len(PHASES) + 1)]  # fmt: skip
     for p in step_profiles:

@@ -15,9 +15,9 @@ a warm-up at that batch size:
 2. **GPU phases** of DDTree's step (``SGLANG_DDTREE_PROFILE_STEPS``: CUDA events, no host sync).
 3. **host time per scheduler iteration** of the scheduler's functions, the worker's phases and SGLang's verify
    functions (``SGLANG_DDTREE_TRACE_RANGES=1``: a host clock around each, read from ``/server_info``; see
-   ``sglang_ddtree.ddtree_trace_ranges``), over the same requests as the step wall.
+   ``sglang_ddtree.profiling.ddtree_trace_ranges``), over the same requests as the step wall.
 4. optionally (``--host-profile``) **the Python functions of the host time**: the servers run their decode
-   iterations under cProfile (``SGLANG_DDTREE_HOST_PROFILE=1``, see ``sglang_ddtree.ddtree_host_profile``); per
+   iterations under cProfile (``SGLANG_DDTREE_HOST_PROFILE=1``, see ``sglang_ddtree.profiling.ddtree_host_profile``); per
    cell, the functions with the most own milliseconds per iteration. The profiler charges every
    Python call, so such a run's step walls are inflated: its shares are what it measures.
 5. optionally (``--trace-steps N``) **a torch-profiler trace** of N steps (CPU and GPU; the same functions as
@@ -77,8 +77,8 @@ from bench.side_by_side import (
     tokenized_prompts,
 )
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
-from sglang_ddtree.ddtree_host_profile import HOST_PROFILE_ENV, per_iteration
-from sglang_ddtree.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.profiling.ddtree_host_profile import HOST_PROFILE_ENV, per_iteration
+from sglang_ddtree.profiling.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server, server_state
 
 
@@ -363,7 +363,7 @@ def server_env(config: str, args: argparse.Namespace, extra: Optional[dict[str, 
     """Environment of one configuration's server: DDTree's phase timer, the host-timed ranges, the sync debug
     mode and the host profiler when asked, the simulated acceptance asked for that algorithm and the variant's own
     variables."""
-    from sglang_ddtree.ddtree_trace_ranges import SYNC_DEBUG_ENV, TRACE_RANGES_ENV
+    from sglang_ddtree.profiling.ddtree_trace_ranges import SYNC_DEBUG_ENV, TRACE_RANGES_ENV
 
     env = {PROFILE_STEPS_ENV: "1"} if config.startswith("ddtree") else {}
     env[TRACE_RANGES_ENV] = "1"

@@ -29,7 +29,7 @@ import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from sglang_ddtree.ddtree_trace_ranges import TRACED_FUNCTIONS
+from sglang_ddtree.profiling.ddtree_trace_ranges import TRACED_FUNCTIONS
 
 SCHEDULER_FUNCTIONS = (
     "recv_requests",
@@ -46,7 +46,7 @@ WORKER_FUNCTIONS = (  # DDTreeWorker.forward_batch_generation's phases; DFLASH a
     "run_eagle_verify",
     "_append_committed_to_draft_kv",
 )
-# SGLang's own, ranged by sglang_ddtree.ddtree_trace_ranges when asked
+# SGLang's own, ranged by sglang_ddtree.profiling.ddtree_trace_ranges when asked
 SPEC_FUNCTIONS = tuple(name for name in TRACED_FUNCTIONS if name not in SCHEDULER_FUNCTIONS)
 SYNC_CALLS = re.compile(r"^(cudaStreamSynchronize|cudaEventSynchronize|cudaDeviceSynchronize|cudaMemcpy|"
                         r"aten::_local_scalar_dense)$")  # fmt: skip

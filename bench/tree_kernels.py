@@ -38,8 +38,8 @@ from sglang_ddtree.kernels.tree_verify_tensors import (
     build_verify_tensors,
     full_mask_numel,
 )
-from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree
-from sglang_ddtree.tree_reference import reference_build_tree
+from sglang_ddtree.tree.tree_ops import DDTreeTensors, build_ddtree
+from sglang_ddtree.tree.tree_reference import reference_build_tree
 
 TARGET_US = 30.0
 

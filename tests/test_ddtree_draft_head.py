@@ -1,4 +1,4 @@
-"""The draft head (``sglang_ddtree.ddtree_draft_head``) that the draft CUDA graph runs as its tail: from the
+"""The draft head (``sglang_ddtree.speculative.ddtree_draft_head``) that the draft CUDA graph runs as its tail: from the
 drafter's hidden states it writes exactly the tree that the LM head + reference top-K + reference expansion
 give, into buffers at fixed addresses (what a graph replay needs); a batch larger than the captured ones gets
 fresh tensors. Under TRITON_INTERPRET=1 on the CPU, or on a GPU. (The graph capture itself is exercised by the
@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from sglang_ddtree.ddtree_draft_head import DDTreeDraftHead
-from sglang_ddtree.tree_reference import reference_build_tree, reference_topk_logprobs
+from sglang_ddtree.speculative.ddtree_draft_head import DDTreeDraftHead
+from sglang_ddtree.tree.tree_reference import reference_build_tree, reference_topk_logprobs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"

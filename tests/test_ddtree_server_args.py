@@ -90,7 +90,7 @@ def test_ddtree_request_rows_hold_dflashs_two_step_reservation():
     the scheduler without it); other algorithms keep SGLang's own headroom."""
     from types import SimpleNamespace
 
-    from sglang_ddtree.ddtree_spec import reserve_row_headroom_for_two_trees
+    from sglang_ddtree.speculative.ddtree_spec import reserve_row_headroom_for_two_trees
 
     def sglang_headroom(args):
         return 4 + args.speculative_num_draft_tokens

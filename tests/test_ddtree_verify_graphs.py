@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_ddtree.ddtree_verify_graphs import VerifyGraphsPerWidth
+from sglang_ddtree.speculative.ddtree_verify_graphs import VerifyGraphsPerWidth
 
 
 def target_runner_with_widths(own_width: int, added_widths: list[int]):
@@ -56,7 +56,7 @@ def test_every_width_gets_graphs_by_default_on_dense_targets_and_on_request_on_h
                                                                                            hybrid):  # fmt: skip
     """Dense targets passed the GPU suite with them (tests/gpu/RESULTS.md run 47); a second GDN attention backend
     per width has not run on a GPU, so hybrid targets verify their narrower widths eagerly unless asked."""
-    from sglang_ddtree.ddtree_verify_graphs import AUTO_VERIFY_GRAPHS_ENV, verify_graphs_per_width_requested
+    from sglang_ddtree.speculative.ddtree_verify_graphs import AUTO_VERIFY_GRAPHS_ENV, verify_graphs_per_width_requested
 
     if value is None:
         monkeypatch.delenv(AUTO_VERIFY_GRAPHS_ENV, raising=False)

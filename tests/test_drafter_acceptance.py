@@ -1,8 +1,8 @@
-"""``sglang_ddtree.drafter_acceptance``: greedy verification replayed along a target's greedy path."""
+"""``sglang_ddtree.training.drafter_acceptance``: greedy verification replayed along a target's greedy path."""
 
 import torch
 
-from sglang_ddtree.drafter_acceptance import chain_accepted, greedy_path_end, tau, tree_accepted, walk
+from sglang_ddtree.training.drafter_acceptance import chain_accepted, greedy_path_end, tau, tree_accepted, walk
 
 # Prompt (2 tokens), then the target's greedy answer 5 6 7 8 9 4.
 PATH = [1, 2, 5, 6, 7, 8, 9, 4]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sglang_ddtree.train_drafter import SoftLabels, block_loss, parse_args, soft_label_loss
+from sglang_ddtree.training.train_drafter import SoftLabels, block_loss, parse_args, soft_label_loss
 
 
 def kl_reference(drafter_logits: torch.Tensor, target_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -42,7 +42,7 @@ def test_a_block_loss_mixing_in_top_1_soft_labels_is_the_hard_block_loss(tmp_pat
     the hard labels (top-1, temperature 1) every mixing weight gives the hard loss."""
     from transformers import AutoModelForCausalLM
 
-    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
     from tiny_models import MASK_TOKEN_ID, TinyShape, make_qwen3_target
 
     target = make_qwen3_target(str(tmp_path / "target"), TinyShape(num_layers=4, vocab_size=64))

@@ -17,8 +17,8 @@ import torch
 from test_tree_kernels import DEVICE, reference_tree
 from test_tree_mask_packed import segment_packbits_reference
 
-from sglang_ddtree import flashinfer_tree_plan
-from sglang_ddtree.ddtree_cuda_graph import tree_verify_dummy
+from sglang_ddtree.speculative import flashinfer_tree_plan
+from sglang_ddtree.speculative.ddtree_cuda_graph import tree_verify_dummy
 from sglang_ddtree.kernels.tree_verify_tensors import build_verify_tensors
 
 pytestmark = pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a GPU")
@@ -115,7 +115,7 @@ BLOCK = 4
 
 
 def draft_block_spec_info(host_lens):
-    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeDraftBlockInput
 
     spec_info = DDTreeDraftBlockInput(draft_token=torch.empty(0, dtype=torch.long), positions=torch.empty(0),
                                       draft_token_num=BLOCK)  # fmt: skip
@@ -175,7 +175,7 @@ def test_the_worker_decides_once_the_targets_attention_backend_exists(monkeypatc
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-    from sglang_ddtree.ddtree_worker import DDTreeWorker
+    from sglang_ddtree.speculative.ddtree_worker import DDTreeWorker
 
     order = inspect.getsource(Scheduler.init_model_worker)
     assert order.index("self.maybe_init_draft_worker()") < order.index("self.init_all_attention_backends()")

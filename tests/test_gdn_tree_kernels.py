@@ -1,6 +1,6 @@
 """A tree verified through a Gated DeltaNet layer from the root state alone (``kernels/gdn_tree.py``) gives every
 node the output of the sequential recurrence along its root-to-node path, and the commit leaves the state that
-path's last node would have: float32, against ``sglang_ddtree.gdn_tree_reference`` and SGLang's own snapshot tree
+path's last node would have: float32, against ``sglang_ddtree.tree.gdn_tree_reference`` and SGLang's own snapshot tree
 verify (CPU under TRITON_INTERPRET=1 at small head dims, or a GPU)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from sglang_ddtree.gdn_tree_reference import random_parents, reference_gdn_tree_verify
+from sglang_ddtree.tree.gdn_tree_reference import random_parents, reference_gdn_tree_verify
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

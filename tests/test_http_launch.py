@@ -6,7 +6,7 @@ import urllib.error
 import pytest
 
 import sglang_ddtree
-from sglang_ddtree.ddtree_step_profile import PHASES
+from sglang_ddtree.profiling.ddtree_step_profile import PHASES
 from sglang_ddtree.serving import absolute_local_paths, default_log_path, free_port, launched_server
 from support import http_json
 from tiny_models import BOOLEAN_SCHEMA, JSON_WORDS, TinyShape, make_dflash_drafter, make_qwen3_target, write_tokenizer

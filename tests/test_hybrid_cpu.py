@@ -22,8 +22,8 @@ import json
 import pytest
 import torch
 
-from sglang_ddtree.gdn_workspace_pool import workspace_slots
-from sglang_ddtree.hybrid_tree_verify import WY_VERIFY_ENV
+from sglang_ddtree.speculative.gdn_workspace_pool import workspace_slots
+from sglang_ddtree.speculative.hybrid_tree_verify import WY_VERIFY_ENV
 from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
 from tiny_models import HybridShape, make_qwen35_hybrid_target, make_swa_dflash_drafter
 

@@ -155,9 +155,9 @@ def reference(models):
     """Per request: AR's greedy tokens and the verifies the replay takes for it alone."""
     import transformers
 
-    from sglang_ddtree.drafter_acceptance import greedy_acceptance
-    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
-    from sglang_ddtree.train_drafter import load_drafter
+    from sglang_ddtree.training.drafter_acceptance import greedy_acceptance
+    from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.training.train_drafter import load_drafter
 
     target = transformers.AutoModelForCausalLM.from_pretrained(models["target"], dtype=torch.float32).eval()
     with open(f"{models['target']}/config.json") as f:

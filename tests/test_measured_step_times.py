@@ -6,8 +6,8 @@ A fake clock stands for the host's: each test says how long each step took."""
 import pytest
 import torch
 
-from sglang_ddtree.budget_policy import BudgetPolicy
-from sglang_ddtree.measured_step_times import (
+from sglang_ddtree.tree.budget_policy import BudgetPolicy
+from sglang_ddtree.tree.measured_step_times import (
     BLOCK_STEPS,
     UNSAMPLED_STEPS,
     MeasuredStepTimes,

@@ -6,8 +6,7 @@ import zipfile
 
 import pytest
 
-from sglang_ddtree import prompt_pool
-
+from sglang_ddtree.training import prompt_pool
 EVALS = prompt_pool.SOURCES[0]
 IFBENCH = prompt_pool.SOURCES[1]
 SYMPY = next(source for source in prompt_pool.SOURCES if source.requirement.startswith("sympy=="))

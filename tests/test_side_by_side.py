@@ -242,7 +242,7 @@ def test_ar_logprob_pass_keeps_the_chosen_tokens_beside_the_top_two():
 
 def test_ddtree_step_phases_are_reported_per_cell(tmp_path):
     """``--profile-steps``: each DDTree cell's mean GPU ms per decode-step phase, in the JSON and the Markdown."""
-    from sglang_ddtree.ddtree_step_profile import PHASES
+    from sglang_ddtree.profiling.ddtree_step_profile import PHASES
 
     profile = {"config": "ddtree B=32", "datasets": ["mt_bench"], "temperature": 0.0, "concurrency": 1, "steps": 40,
                "phase_ms": dict(zip(PHASES, [1.0, 0.5, 0.25, 2.0, 0.25]))}  # fmt: skip

@@ -15,7 +15,7 @@ sys.path.insert(0, REPO)
 from bench import side_by_side, step_profile, step_trace  # noqa: E402
 
 SCHEDULER = "sglang/srt/managers/scheduler.py({line}): {name}"
-WORKER = "sglang_ddtree/ddtree_worker.py({line}): {name}"
+WORKER = "sglang_ddtree/speculative/ddtree_worker.py({line}): {name}"
 
 
 def python(name: str, ts: float, dur: float, template: str = SCHEDULER, tid: int = 1) -> dict:
@@ -169,7 +169,7 @@ def test_each_server_gets_the_phase_timer_trace_ranges_and_simulated_acceptance_
 def test_the_host_profile_is_read_per_iteration_between_two_reports_and_tabled_by_own_time():
     """Two ``ddtree_host_profile`` reports of a server: only what grew between them counts, divided by the decode
     iterations between them; functions that did not run in between are left out."""
-    from sglang_ddtree.ddtree_host_profile import per_iteration
+    from sglang_ddtree.profiling.ddtree_host_profile import per_iteration
 
     before = {"iterations": 10, "functions": {"a.py:1(plan)": [10, 5.0], "b.py:2(idle)": [3, 1.0]}}
     after = {"iterations": 30, "functions": {"a.py:1(plan)": [50, 25.0], "b.py:2(idle)": [3, 1.0],
@@ -203,7 +203,7 @@ def test_an_ab_variable_measures_each_ddtree_configuration_again_with_it_set():
 def test_each_width_is_measured_by_an_auto_server_forced_to_it_and_the_cells_make_the_auto_table(tmp_path):
     """``--widths``: one ``ddtree W=w`` server per width, whose table leaves no other choice (checked against the
     policy itself); ``--write-step-table``'s file is what ``--budget auto`` loads."""
-    from sglang_ddtree.budget_policy import BudgetPolicy, load_step_time_table
+    from sglang_ddtree.tree.budget_policy import BudgetPolicy, load_step_time_table
 
     args = step_profile.parse_args(["--model-path", "m", "--draft-model-path", "d", "--out", "o", "--algos", "ddtree",
                                     "--widths", "1,4,9", "--write-step-table", "t.json"])[0]  # fmt: skip

@@ -1,4 +1,4 @@
-"""``python -m sglang_ddtree.train_drafter``: a drafter trained by self-distillation is served by SGLang as is,
+"""``python -m sglang_ddtree.training.train_drafter``: a drafter trained by self-distillation is served by SGLang as is,
 and it predicts its target: served acceptance rises well above an untrained drafter's.
 
 The tiny random target (6 layers, 64-token vocabulary) answers greedily in repetitive patterns that a
@@ -17,7 +17,7 @@ import sys
 import pytest
 from safetensors import safe_open
 
-from sglang_ddtree.train_drafter import (DistilledAnswer, TrainDrafterError, TrainingPrompt, encode_prompts,
+from sglang_ddtree.training.train_drafter import (DistilledAnswer, TrainDrafterError, TrainingPrompt, encode_prompts,
                                          learning_rate_scale, load_prompts, repeat_answers, split_by_prompt,
                                          training_progress)
 from support import CPU_ENGINE_ARGS, run_engine_generate
@@ -36,7 +36,7 @@ def chat_prompts(rng: random.Random, count: int) -> list[str]:
 
 
 def train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sglang_ddtree.train_drafter", *args],
+    return subprocess.run([sys.executable, "-m", "sglang_ddtree.training.train_drafter", *args],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
 
 
@@ -129,9 +129,9 @@ def test_the_trainers_replay_of_greedy_decoding_takes_the_servers_verify_steps(t
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sglang_ddtree.drafter_acceptance import greedy_acceptance
-    from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape
-    from sglang_ddtree.train_drafter import load_drafter
+    from sglang_ddtree.training.drafter_acceptance import greedy_acceptance
+    from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
+    from sglang_ddtree.training.train_drafter import load_drafter
 
     target = AutoModelForCausalLM.from_pretrained(trained["target"], dtype=torch.float32).eval()
     with open(os.path.join(trained["target"], "config.json")) as f:
@@ -240,18 +240,18 @@ def test_bad_arguments_fail_with_one_line(tmp_path):
     result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "p.txt")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"python -m sglang_ddtree.train_drafter: error: --target '{tmp_path}' is not a model folder (no config.json)"
+        f"python -m sglang_ddtree.training.train_drafter: error: --target '{tmp_path}' is not a model folder (no config.json)"
     ]
     result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "python -m sglang_ddtree.train_drafter: error: give exactly one of --prompts and --answers-in"
+        "python -m sglang_ddtree.training.train_drafter: error: give exactly one of --prompts and --answers-in"
     ]
     result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "p.txt", "--init-from",
                    str(tmp_path))  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"python -m sglang_ddtree.train_drafter: error: --init-from '{tmp_path}' is not a drafter folder "
+        f"python -m sglang_ddtree.training.train_drafter: error: --init-from '{tmp_path}' is not a drafter folder "
         "(config.json and model.safetensors)"
     ]
 

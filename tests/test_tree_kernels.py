@@ -24,8 +24,8 @@ from sglang_ddtree.kernels.tree_verify_tensors import (
     build_verify_tensors,
     full_mask_numel,
 )
-from sglang_ddtree.tree_ops import DDTreeTensors, build_ddtree
-from sglang_ddtree.tree_reference import (
+from sglang_ddtree.tree.tree_ops import DDTreeTensors, build_ddtree
+from sglang_ddtree.tree.tree_reference import (
     reference_build_tree,
     reference_topk_logprobs,
     reference_verify_tensors,
@@ -365,7 +365,7 @@ def test_build_ddtree_fills_preallocated_buffers_and_matches_reference():
 
 def test_a_bonus_only_tree_has_the_reference_verify_tensors_of_a_tree_without_nodes():
     """``--budget auto``'s width 1 (``root_only_ddtree``, no kernel): each request verifies its bonus token alone."""
-    from sglang_ddtree.tree_ops import root_only_ddtree
+    from sglang_ddtree.tree.tree_ops import root_only_ddtree
 
     roots, seq = torch.tensor([7, 8, 9]), torch.tensor([4, 1, 6])
     no_nodes = torch.empty((3, 0), dtype=torch.int32)

@@ -1,4 +1,4 @@
-"""Specification tests for the DDTree reference (sglang_ddtree.tree_reference)."""
+"""Specification tests for the DDTree reference (sglang_ddtree.tree.tree_reference)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sglang_ddtree.tree_reference import (
+from sglang_ddtree.tree.tree_reference import (
     reference_build_tree,
     reference_topk_logprobs,
     reference_verify_tensors,

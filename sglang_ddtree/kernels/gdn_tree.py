@@ -23,7 +23,7 @@ node's into its track slot).
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
 commit takes ``fused_mamba_state_scatter_with_mask``'s arguments, so it can stand in for SGLang's scatter of
-snapshots. The executable specification is ``sglang_ddtree.gdn_tree_reference``. One program per (request, value
+snapshots. The executable specification is ``sglang_ddtree.tree.gdn_tree_reference``. One program per (request, value
 head, block of ``BV`` value columns[, layer]); ``T`` is padded to a power of two ``NP >= 16`` (``tl.dot``'s
 minimum), dots in IEEE fp32.
 """

@@ -1,6 +1,6 @@
 """Best-first DDTree expansion on the GPU: one program per request, no host synchronisation.
 
-Implements rules 2-4 of ``sglang_ddtree.tree_reference`` exactly (bit-identical outputs).
+Implements rules 2-4 of ``sglang_ddtree.tree.tree_reference`` exactly (bit-identical outputs).
 
 The frontier never holds more than one candidate per parent (a parent's next unexplored rank),
 so it is an array indexed by node id: slot ``p`` holds the candidate whose parent is node

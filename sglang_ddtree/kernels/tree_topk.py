@@ -1,6 +1,6 @@
 """Per-depth log-softmax + top-K of drafter logits, single-GPU and vocab-sharded (TP).
 
-Semantics (see ``sglang_ddtree.tree_reference``): for each row of ``logits [bs, L, V]`` the
+Semantics (see ``sglang_ddtree.tree.tree_reference``): for each row of ``logits [bs, L, V]`` the
 ``K`` largest logits, ordered by logit descending, equal logits -> lower token id first, and
 ``logprob = logit - logsumexp(row)`` in float32. Rows need a finite logit; NaN is not handled.
 

@@ -3,7 +3,7 @@
 Given the expansion output (parent/token/depth per node, ``tree_build``), the bonus tokens and
 the sequence lengths, one kernel writes everything ``EagleVerifyInput`` needs, with ``N = B + 1``
 nodes per request (node 0 = root = bonus token). Definitions are in
-``sglang_ddtree.tree_reference.reference_verify_tensors``; in short:
+``sglang_ddtree.tree.tree_reference.reference_verify_tensors``; in short:
 
 * ``draft_token [bs*N]`` and ``positions [bs*N] = seq_len + depth`` (int64),
 * ``retrieve_index [bs, N] = b*N + i``, ``retrieve_next_token`` (first = smallest-index child)

@@ -2,7 +2,7 @@
 # The SmolLM2-135M-Instruct demo pair on the H200 machine (no network there). From the repository root:
 #   SGLANG_DDTREE_DEMO_GGUF=PIECE,PIECE,... bash tests/gpu/run_demo_pair.sh train [train_drafter arguments ...]
 #       build SmolLM2 from the GGUF pieces, self-distill the prompt pool (.gpu/pool.jsonl, made by
-#       python -m sglang_ddtree.prompt_pool) with an SGLang engine, or take ANSWERS (kept --answers-out
+#       python -m sglang_ddtree.training.prompt_pool) with an SGLang engine, or take ANSWERS (kept --answers-out
 #       files, space-separated), and train the drafter for TRAIN_MINUTES (default 4), from INIT_FROM when set (a drafter to
 #       continue) -> $OUT/demo_drafter, training log $OUT/train.log
 #   bash tests/gpu/run_demo_pair.sh bench [python -m bench.side_by_side arguments ...]
@@ -28,7 +28,7 @@ case "$phase" in
     data=(--prompts .gpu/pool.jsonl)
     if [ -n "${ANSWERS:-}" ]; then read -ra answer_files <<< "$ANSWERS"; data=(--answers-in "${answer_files[@]}"); fi
     [ -n "${INIT_FROM:-}" ] && data+=(--init-from "$INIT_FROM")
-    python3 -m sglang_ddtree.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" "${data[@]}" \
+    python3 -m sglang_ddtree.training.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" "${data[@]}" \
       --generator sglang --sglang-engine-args '{"mem_fraction_static": 0.5, "sampling_backend": "pytorch", "attention_backend": "flashinfer"}' \
       --answers-out /tmp/demo_answers.jsonl --num-layers 2 --num-features 3 --block-size 16 --max-new-tokens 256 \
       --batch-size 16 --anchors 32 --lr 1e-3 --steps 0 --time-budget-minutes "${TRAIN_MINUTES:-4}" "$@" 2>&1 \

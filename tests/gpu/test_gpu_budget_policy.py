@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sglang_ddtree.budget_policy import DEFAULT_WIDTHS, BudgetPolicy, StepTimeTable
+from sglang_ddtree.tree.budget_policy import DEFAULT_WIDTHS, BudgetPolicy, StepTimeTable
 
 pytestmark = pytest.mark.gpu
 

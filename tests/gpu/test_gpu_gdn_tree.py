@@ -6,7 +6,7 @@ outputs within bf16 rounding, and the committed state within fp32 rounding of th
 import pytest
 import torch
 
-from sglang_ddtree.gdn_tree_reference import random_parents
+from sglang_ddtree.tree.gdn_tree_reference import random_parents
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 pytestmark = pytest.mark.gpu

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeVerifyInput
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +40,13 @@ def graph_verify_check_requested() -> bool:
 
 
 def _is_ddtree_target(spec_algorithm: Any, is_draft_worker: bool) -> bool:
-    from sglang_ddtree.ddtree_spec import DDTreeSpecAlgo
+    from sglang_ddtree.speculative.ddtree_spec import DDTreeSpecAlgo
 
     return isinstance(spec_algorithm, DDTreeSpecAlgo) and not is_draft_worker
 
 
 def _is_ddtree_draft_block(forward_batch: ForwardBatch) -> bool:
-    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeDraftBlockInput
 
     return forward_batch.forward_mode.is_target_verify() and isinstance(forward_batch.spec_info, DDTreeDraftBlockInput)
 
@@ -55,8 +55,8 @@ def tree_verify_dummy(custom_mask: torch.Tensor, tree_width: int, spec_steps: in
     """The shape-only verify input a tree-verify graph is captured with: it must carry a mask buffer."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
-    from sglang_ddtree.ddtree_info import DDTreeVerifyInput
-    from sglang_ddtree.ddtree_spec import TREE_MODE_TOPK
+    from sglang_ddtree.speculative.ddtree_info import DDTreeVerifyInput
+    from sglang_ddtree.speculative.ddtree_spec import TREE_MODE_TOPK
 
     return DDTreeVerifyInput(
         draft_token=None,

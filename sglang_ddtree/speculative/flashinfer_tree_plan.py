@@ -117,7 +117,7 @@ def _plan_from_host_lengths(updater: Any, wrapper: Any, kv_lens_host: torch.Tens
 
 def plan_tree_verify_without_host_sync(original: Callable[..., None], updater: Any, *args: Any, **kwargs: Any) -> None:
     """AROUND ``FlashInferIndicesUpdaterPrefill.call_begin_forward``."""
-    from sglang_ddtree.ddtree_info import DDTreeDraftBlockInput, DDTreeVerifyInput
+    from sglang_ddtree.speculative.ddtree_info import DDTreeDraftBlockInput, DDTreeVerifyInput
 
     call = _signature(original).bind(updater, *args, **kwargs)
     spec_info = call.arguments.get("spec_info")

@@ -18,7 +18,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
 from sglang_ddtree import DDTREE_ALGORITHM_NAME, DDTREE_DEFAULT_BUDGET
-from sglang_ddtree.ddtree_auto_budget import check_auto_budget_settings
+from sglang_ddtree.speculative.ddtree_auto_budget import check_auto_budget_settings
 
 logger = logging.getLogger(__name__)
 

@@ -74,7 +74,7 @@ _report: dict[str, int] = {}
 def _layout_for(configurator: Any) -> Optional[WorkspaceLayout]:
     from sglang.srt.runtime_context import get_memory
 
-    from sglang_ddtree.hybrid_tree_verify import float32_states, serving_ddtree
+    from sglang_ddtree.speculative.hybrid_tree_verify import float32_states, serving_ddtree
 
     if configurator.is_draft_worker or configurator.hybrid_gdn_config is None or not serving_ddtree():
         return None

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from sglang_ddtree.budget_policy import StepTimeTable
+from sglang_ddtree.tree.budget_policy import StepTimeTable
 
 BLOCK_STEPS = 7  # consecutive steps per width
 UNSAMPLED_STEPS = 3  # the intervals ending at a block's first steps may reflect the previous width's steps

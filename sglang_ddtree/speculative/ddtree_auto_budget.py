@@ -22,15 +22,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from sglang_ddtree.budget_policy import (
+from sglang_ddtree.tree.budget_policy import (
     DEFAULT_WIDTHS,
     STEP_TIME_TABLE_ENV,
     BudgetPolicy,
     requested_step_time_table,
 )
-from sglang_ddtree.ddtree_verify_graphs import VerifyGraphsPerWidth
+from sglang_ddtree.speculative.ddtree_verify_graphs import VerifyGraphsPerWidth
 from sglang_ddtree.env_flags import env_flag
-from sglang_ddtree.measured_step_times import MeasuredStepTimes, unmeasured_table
+from sglang_ddtree.tree.measured_step_times import MeasuredStepTimes, unmeasured_table
 
 BUDGET_AUTO_ENV = "SGLANG_DDTREE_BUDGET_AUTO"  # measured step times
 

@@ -97,7 +97,7 @@ def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Te
 def wy_verify_report() -> dict[str, Any] | None:
     """For ``/server_info``: how often this process ran the snapshot-free verify and commit (the verify counts
     Python calls, so a CUDA-graph replay is counted once, at its capture), and the per-request buffer it had."""
-    from sglang_ddtree.gdn_workspace_pool import workspace_pool_report
+    from sglang_ddtree.speculative.gdn_workspace_pool import workspace_pool_report
 
     if not wy_verify_requested():
         return None
@@ -106,8 +106,7 @@ def wy_verify_report() -> dict[str, Any] | None:
 
 
 def register(registry: Any, hook_type: Any) -> None:
-    from sglang_ddtree import gdn_workspace_pool
-
+    from sglang_ddtree.speculative import gdn_workspace_pool
     registry.register(VERIFY_TARGET, verify_tree_from_the_root_state, hook_type.AROUND)
     registry.register(SCATTER_TARGET, commit_nodes_from_the_workspace, hook_type.AROUND)
     gdn_workspace_pool.register(registry, hook_type)

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from sglang_ddtree.drafter_model import DFlashDrafter, block_logits, target_forward
-from sglang_ddtree.tree_reference import reference_build_tree, reference_topk_logprobs
+from sglang_ddtree.training.drafter_model import DFlashDrafter, block_logits, target_forward
+from sglang_ddtree.tree.tree_reference import reference_build_tree, reference_topk_logprobs
 
 ANCHOR_CHUNK = 64  # blocks per drafter pass: [A, B-1, V] float32 logits stay within a few hundred MB
 

@@ -17,7 +17,7 @@ import torch
 from sglang_ddtree.env_flags import env_flag
 
 if TYPE_CHECKING:
-    from sglang_ddtree.tree_ops import DDTreeTensors
+    from sglang_ddtree.tree.tree_ops import DDTreeTensors
 
 CHECK_TP_TREES_ENV = "SGLANG_DDTREE_CHECK_TP_TREES"
 
