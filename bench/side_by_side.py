@@ -286,7 +286,8 @@ def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
     """The DDTree decode step split into its phases per cell (``--profile-steps``), or nothing."""
     if not step_profiles:
         return ""
-    lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; `sglang_ddtree.profiling.ddtree_step_profile`):", "",
+    lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; "
+             "`sglang_ddtree.profiling.ddtree_step_profile`):", "",
              "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step |",
              "|:--|:--|--:|--:|--:|" + "--:|" * (len(PHASES) + 1)]  # fmt: skip
     for p in step_profiles:

@@ -17,9 +17,9 @@ a warm-up at that batch size:
    functions (``SGLANG_DDTREE_TRACE_RANGES=1``: a host clock around each, read from ``/server_info``; see
    ``sglang_ddtree.profiling.ddtree_trace_ranges``), over the same requests as the step wall.
 4. optionally (``--host-profile``) **the Python functions of the host time**: the servers run their decode
-   iterations under cProfile (``SGLANG_DDTREE_HOST_PROFILE=1``, see ``sglang_ddtree.profiling.ddtree_host_profile``); per
-   cell, the functions with the most own milliseconds per iteration. The profiler charges every
-   Python call, so such a run's step walls are inflated: its shares are what it measures.
+   iterations under cProfile (``SGLANG_DDTREE_HOST_PROFILE=1``, see ``sglang_ddtree.profiling.ddtree_host_profile``);
+   per cell, the functions with the most own milliseconds per iteration. The profiler charges every Python call, so
+   such a run's step walls are inflated: its shares are what it measures.
 5. optionally (``--trace-steps N``) **a torch-profiler trace** of N steps (CPU and GPU; the same functions as
    profiler ranges, no Python stacks), accounted step by step by ``bench.step_trace``: host time blocked in
    syncs, kernel and graph launches, GPU busy and idle time. On the H200 machine SGLang 0.5.17's scheduler

@@ -48,8 +48,8 @@ DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110
 # Name of the cached folder. Bump it whenever the converter's output changes, so that a cache
 # written by an older version is rebuilt instead of reused.
 DEMO_BUILD_VERSION = "smollm2-135m-instruct-q4_1-bf16-v1"
-# The DFlash drafter shipped for the demo target (2 layers, block 16), trained by ``sglang_ddtree.training.train_drafter``
-# on the demo target's own answers; its ``training.json`` records how.
+# The DFlash drafter shipped for the demo target (2 layers, block 16), trained by
+# ``sglang_ddtree.training.train_drafter`` on the demo target's own answers; its ``training.json`` records how.
 DEMO_DRAFTER_PATH = str(Path(__file__).resolve().parent / "demo_drafter")
 
 _XZ_MAGIC = b"\xfd7zXZ\x00"

@@ -9,7 +9,12 @@ import math
 import pytest
 import torch
 
-from sglang_ddtree.tree.budget_policy import BudgetPolicy, StepTimeTable, expected_tokens_per_width, load_step_time_table
+from sglang_ddtree.tree.budget_policy import (
+    BudgetPolicy,
+    StepTimeTable,
+    expected_tokens_per_width,
+    load_step_time_table,
+)
 from sglang_ddtree.tree.tree_reference import reference_build_tree
 
 WIDTHS = (1, 2, 4, 8, 16, 33)

@@ -181,7 +181,8 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     assert host["draft_project_target_hidden"]["calls"] == host["append_target_hidden_to_draft_kv"]["calls"]
     profile = report["scheduler_states"][0]["ddtree_host_profile"]
     [step] = [row for label, row in profile["functions"].items()  # [calls, own ms]
-              if label.startswith("sglang_ddtree/speculative/ddtree_worker.py:") and label.endswith("(forward_batch_generation)")]
+              if label.startswith("sglang_ddtree/speculative/ddtree_worker.py:")
+              and label.endswith("(forward_batch_generation)")]
     [sample] = [row for label, row in profile["functions"].items()
                 if label.startswith("sglang/srt/speculative/eagle_utils.py:") and label.endswith("(eagle_sample)")]
     assert step[0] == profile["iterations"] == host["run_eagle_verify"]["calls"]  # one tree verify per decode step

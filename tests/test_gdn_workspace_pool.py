@@ -1,6 +1,6 @@
 """Under the snapshot-free GDN tree verify a request slot's per-node buffers hold the workspace's SSM states, not one
-state per tree node (``sglang_ddtree.speculative.gdn_workspace_pool``): how many states that is, what SGLang's memory sizing
-is made to reserve for it, and the pool SGLang builds with it. The served end of it (a DDTREE engine on a hybrid
+state per tree node (``sglang_ddtree.speculative.gdn_workspace_pool``): how many states that is, what SGLang's memory
+sizing is made to reserve for it, and the pool SGLang builds with it. The served end of it (a DDTREE engine on a hybrid
 target, its buffer and reservation read from ``/server_info``, output equal to AR's) is in test_hybrid_cpu.py."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ import torch
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateDType, Mamba2StateShape
 
 from sglang_ddtree.speculative import gdn_workspace_pool
-from sglang_ddtree.speculative.gdn_workspace_pool import WorkspaceLayout, allocate_the_workspace_not_node_states, workspace_slots
+from sglang_ddtree.speculative.gdn_workspace_pool import (
+    WorkspaceLayout,
+    allocate_the_workspace_not_node_states,
+    workspace_slots,
+)
 from sglang_ddtree.kernels.gdn_tree import workspace_numel
 
 MIB = 1 << 20

@@ -23,10 +23,12 @@ import torch
 
 import sglang_ddtree.kernels
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="records launches under the interpreter")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="records the launches under Triton's interpreter (tests/run_cpu.sh sets it)")
 
 _POINTER_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int64: "i64",
-                  torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}  # fmt: skip
+                  torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                  torch.bool: "i1"}  # fmt: skip
 _LOWER_TO_TTIR = """
 import importlib, json, sys
 from triton.backends.compiler import GPUTarget

@@ -122,7 +122,8 @@ def test_markdown_shows_untraced_and_traced_columns_and_the_worker_split():
                         {"config": "ar", "batch": 8, "tau": None, "step_wall_ms": 1.5, "gpu_phase_ms": None,
                          "traced": {"error": "no trace written under x"}}]}  # fmt: skip
     text = step_profile.markdown(report)
-    assert "| ddtree B=32 | 1 | benchmark | 2.1 | 4.50 | 4.00 | 1.00 | 0.35 | 0.65 | 0.25 | 3 (1) | 0.40 | 0.30 | 0.10 | 0.20 |" in text
+    assert ("| ddtree B=32 | 1 | benchmark | 2.1 | 4.50 | 4.00 | 1.00 | 0.35 | 0.65 | 0.25 | 3 (1) | 0.40 | 0.30 "
+            "| 0.10 | 0.20 |") in text
     assert "| ar | 8 | benchmark | – | 1.50 | – | no trace written under x |" in text
     assert "| config | bs | _draft_block | run_eagle_verify |\n|:--|--:|--:|--:|\n| ddtree B=32 | 1 | 0.15 | 0.20 |" in text
 
@@ -243,7 +244,8 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     flags = ["--device", "cpu", "--attention-backend", "torch_native", "--mem-fraction-static", "0.3",
              "--max-total-tokens", "4096", "--disable-cuda-graph"]  # fmt: skip
     prompts = [{"id": f"p{i}", "dataset": "ids", "input_ids": [5 + i, 6, 7, 8]} for i in range(2)]
-    args = Namespace(max_new_tokens=12, trace_steps=3, ignore_eos=True, simulate_tau={}, sync_debug=False, host_profile=False)
+    args = Namespace(max_new_tokens=12, trace_steps=3, ignore_eos=True, simulate_tau={}, sync_debug=False,
+                     host_profile=False)
     env = step_profile.server_env("ar", args)
     with launched_server(["--algo", "ar", "--model-path", target, *flags], free_port(), env=env) as url:
         cell = step_profile.profile_cell(url, "ar", prompts, 1, args, tmp_path / "out", phases=False)
@@ -287,9 +289,11 @@ def test_prompts_of_a_given_length_repeat_each_prompt_to_exactly_that_many_token
     assert [p["input_ids"] for p in long] == [[1, 2, 3, 1, 2, 3, 1], [7, 8, 7, 8, 7, 8, 7]]
     assert [p["id"] for p in long] == ["a@7", "b@7"]
     assert step_profile.prompts_of_length(prompts, 2)[0]["input_ids"] == [1, 2]
-    args = step_profile.parse_args(["--model-path", "m", "--out", "o", "--algos", "ar", "--prompt-lengths", "128,2048"])[0]
+    args = step_profile.parse_args(["--model-path", "m", "--out", "o", "--algos", "ar",
+                                    "--prompt-lengths", "128,2048"])[0]  # fmt: skip
     assert args.prompt_lengths == [128, 2048]
     cell = {"config": "ar", "batch": 8, "prompt_tokens": 2048, "tau": None, "step_wall_ms": 1.5,
             "host_ms_per_iteration": None}  # fmt: skip
-    report = {"meta": {"date": "d", "commit": "c", "gpu": "H200", "model_path": "m", "max_new_tokens": 8}, "cells": [cell]}
+    report = {"meta": {"date": "d", "commit": "c", "gpu": "H200", "model_path": "m", "max_new_tokens": 8},
+              "cells": [cell]}
     assert "| ar | 8 | 2048 | – | 1.50 | – |" in step_profile.markdown(report)

@@ -240,7 +240,8 @@ def test_bad_arguments_fail_with_one_line(tmp_path):
     result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "p.txt")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        f"python -m sglang_ddtree.training.train_drafter: error: --target '{tmp_path}' is not a model folder (no config.json)"
+        f"python -m sglang_ddtree.training.train_drafter: error: --target '{tmp_path}' is not a model folder "
+        "(no config.json)"
     ]
     result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"))
     assert result.returncode == 2

@@ -1,8 +1,8 @@
 """A tree's first-child branch as SGLang's accept index: the cost-only simulation's commit in one launch.
 
-``best_branch_accept_index`` (``sglang_ddtree.speculative.ddtree_simulation``) walks each request's first-child chain from the
-root; as a loop over depths in torch that is six small kernels per depth, ~90 launches per simulated verify of a
-16-token block: host time that a real verify does not spend, charged to every simulated DDTree step. Here one
+``best_branch_accept_index`` (``sglang_ddtree.speculative.ddtree_simulation``) walks each request's first-child chain
+from the root; as a loop over depths in torch that is six small kernels per depth, ~90 launches per simulated verify
+of a 16-token block: host time that a real verify does not spend, charged to every simulated DDTree step. Here one
 program per request walks its chain in registers.
 """
 

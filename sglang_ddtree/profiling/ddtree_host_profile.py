@@ -68,7 +68,7 @@ class DecodeHostProfile:
 
 
 def function_label(key: tuple[str, int, str]) -> str:
-    """``file:line(name)`` with the path from the package root (``sglang/...``, ``sglang_ddtree/...``, ``torch/...``)."""
+    """``file:line(name)``, the path from the package root (``sglang/...``, ``sglang_ddtree/...``, ``torch/...``)."""
     filename, line, name = key
     for marker in ("site-packages/", "dist-packages/"):
         if marker in filename:

@@ -49,20 +49,24 @@ from sglang.srt.speculative.draft_worker_common import make_draft_input_v2
 from sglang.srt.speculative.eagle_worker_common import run_eagle_verify
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from sglang_ddtree.profiling.ddtree_step_profile import STEP_PROFILE
+from sglang_ddtree.profiling.ddtree_trace_ranges import traced_range
 from sglang_ddtree.speculative.ddtree_auto_budget import AutoBudget
 from sglang_ddtree.speculative.ddtree_draft_head import DDTreeDraftHead, DraftTree
 from sglang_ddtree.speculative.ddtree_info import DDTreeDraftBlockInput, DDTreeVerifyInput
-from sglang_ddtree.speculative.ddtree_simulation import CURRENT_TREE, check_simulation_settings, simulated_acceptance_mean
+from sglang_ddtree.speculative.ddtree_simulation import (
+    CURRENT_TREE,
+    check_simulation_settings,
+    simulated_acceptance_mean,
+)
 from sglang_ddtree.speculative.ddtree_spec import TREE_MODE_TOPK
-from sglang_ddtree.profiling.ddtree_step_profile import STEP_PROFILE
-from sglang_ddtree.profiling.ddtree_trace_ranges import traced_range
+from sglang_ddtree.speculative.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.speculative.ddtree_verify_graphs import (
     VerifyGraphsPerWidth,
     capture_verify_graphs,
     verify_graphs_per_width_requested,
 )
 from sglang_ddtree.speculative.flashinfer_tree_plan import compare_with_scheduler_mirror, planned_from_host_lengths
-from sglang_ddtree.speculative.ddtree_tp_check import TP_TREE_CHECK, tp_tree_check_requested
 from sglang_ddtree.tree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
 
 logger = logging.getLogger(__name__)

@@ -169,7 +169,8 @@ def build_pool(wheels: dict[PromptSource, str], per_task: int) -> list[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.training.prompt_pool", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.training.prompt_pool",
+                                   description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="output .jsonl")
     parser.add_argument("--wheel-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "sglang_ddtree", "wheels"))
     parser.add_argument("--per-task", type=int, default=60, help="prompts per Evals task folder and per code module")

@@ -439,7 +439,8 @@ def json_object(text: str) -> dict:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.training.train_drafter", description=__doc__.splitlines()[0])
+    parser = OneLineArgumentParser(prog="python -m sglang_ddtree.training.train_drafter",
+                                   description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True, help="target model folder (Hugging Face format)")
     parser.add_argument("--out", required=True, help="output folder for the drafter")
     parser.add_argument("--prompts", help="training prompts: .txt (one per line) or .jsonl ('prompt')")
