@@ -42,6 +42,7 @@ def report_plugin_in_internal_state(
     from sglang_ddtree.profiling.ddtree_host_profile import host_profile_report
     from sglang_ddtree.profiling.ddtree_step_profile import step_profile_report
     from sglang_ddtree.profiling.ddtree_trace_ranges import host_ranges_report
+    from sglang_ddtree.speculative.flashinfer_split_verify import split_verify_report
     from sglang_ddtree.speculative.flashinfer_tree_plan import sync_free_plan_report
     from sglang_ddtree.speculative.ddtree_tp_check import tp_tree_check_report
     from sglang_ddtree.speculative.ddtree_simulation import simulation_report
@@ -55,6 +56,7 @@ def report_plugin_in_internal_state(
                          ("ddtree_host_ranges", host_ranges_report()),
                          ("ddtree_host_profile", host_profile_report()),
                          ("ddtree_flashinfer_plans", sync_free_plan_report()),
+                         ("ddtree_split_verify_attention", split_verify_report()),
                          ("ddtree_gdn_wy_verify", wy_verify_report()),
                          ("ddtree_simulated_acceptance", simulation_report()),
                          ("ddtree_budget_auto", auto_budget_report())):  # fmt: skip
@@ -94,6 +96,7 @@ def register() -> None:
         ddtree_requests,
         ddtree_simulation,
         ddtree_spec,
+        flashinfer_split_verify,
         flashinfer_tree_plan,
         hybrid_targets,
         hybrid_tree_verify,
@@ -119,6 +122,7 @@ def register() -> None:
     ddtree_trace_ranges.register(HookRegistry, HookType)  # nothing unless a profile asks for it
     ddtree_host_profile.register(HookRegistry, HookType)  # likewise
     flashinfer_tree_plan.register(HookRegistry, HookType)  # a pass-through but for DDTREE's verify graph replays
+    flashinfer_split_verify.register(HookRegistry, HookType)  # a pass-through but for DDTREE's split verify layers
     if ddtree_auto_budget.auto_budget_requested():
         ddtree_auto_budget.register(HookRegistry, HookType)  # keeps each verify's accepted nodes for the policy
     if hybrid_tree_verify.wy_verify_requested():

@@ -3,7 +3,7 @@
 The CPU tests run the kernels under Triton's interpreter, which executes them as Python and skips the compiler's
 type rules. So a loop-carried variable that changed dtype (int32 -> int64, loading a tree's int64 parents) passed
 every CPU test and failed to compile on the H200 (tests/gpu/RESULTS.md run 51). Here each kernel's first launch in
-a few of the kernel specifications below is recorded under the interpreter (argument dtypes and constexpr values),
+a few of the kernel specifications below (one per setting of its boolean switches) is recorded under the interpreter (argument dtypes and constexpr values),
 and a child process without the interpreter lowers each launch to Triton IR for sm_90: the compiler's front end,
 which needs no GPU.
 """
@@ -92,7 +92,8 @@ def launch_record(fn, args: tuple, kwargs: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def launches() -> list[dict]:
-    """One recorded launch per kernel, from kernel specifications that exercise every kernel once."""
+    """One recorded launch per kernel and setting of its boolean switches, from kernel specifications that exercise
+    every kernel (and each switch the package sets) once."""
     from triton.runtime.interpreter import InterpretedFunction
 
     import test_gdn_tree_kernels as gdn
@@ -104,7 +105,8 @@ def launches() -> list[dict]:
 
     def recording_run(self, *args, **kwargs):
         record = launch_record(self.fn, args, kwargs)
-        recorded.setdefault(record["kernel"], record)
+        switches = sorted((name, value) for name, value in record["constexprs"].items() if isinstance(value, bool))
+        recorded.setdefault(f"{record['kernel']}{switches}", record)  # each variant a switch compiles in
         return original_run(self, *args, **kwargs)
 
     InterpretedFunction.run = recording_run
@@ -112,6 +114,7 @@ def launches() -> list[dict]:
         tree.test_topk_reads_strided_half_precision_logits()
         tree.test_sharded_merge_equals_unsharded(vocab=1000, k=256, cuts=[0, 100, 1000], style="normal")
         tree.test_build_ddtree_fills_preallocated_buffers_and_matches_reference()
+        tree.test_verify_tensors_without_the_full_mask_are_the_same_and_write_no_mask()
         tree.test_the_first_child_branch_kernel_walks_each_trees_chain_as_the_plain_loop_does(per_request=True)
         packed.test_a_request_sees_its_whole_prefix_and_exactly_its_ancestors()
         gdn.test_commit_of_the_root_alone_is_one_recurrence_step()

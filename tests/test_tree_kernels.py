@@ -309,6 +309,22 @@ def test_verify_tensors_write_only_the_used_part_of_a_larger_mask_buffer():
     assert not out.custom_mask[used:].any()
 
 
+def test_verify_tensors_without_the_full_mask_are_the_same_and_write_no_mask():
+    """For an attention that takes the tree block from ``ancestor_bits`` (``flashinfer_split_verify``)."""
+    bs, depth, budget, seq_lens = 3, 6, 31, [40, 0, 7]
+    _, _, (parent, token, node_depth, _) = reference_tree(bs, depth, 1000, budget, "peaked", seed=5)
+    roots, seq = torch.arange(3, 3 + bs), torch.tensor(seq_lens)
+    expected = reference_verify_tensors(parent, token, node_depth, roots, seq)
+    got = build_verify_tensors(
+        parent.to(DEVICE), token.to(DEVICE), node_depth.to(DEVICE), roots.to(DEVICE), seq.to(DEVICE), depth,
+        full_mask=False,
+    )
+    assert got.custom_mask is None
+    for name, value in expected.items():
+        if name != "custom_mask":
+            assert torch.equal(getattr(got, name).cpu(), value), name
+
+
 def test_mask_round_trips_to_parents():
     """The parent of node i is the largest tree column < i visible from row i (-1 if none)."""
     bs, depth, budget, seq_lens = 3, 15, 63, [4, 0, 17]

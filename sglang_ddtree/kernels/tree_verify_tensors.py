@@ -55,6 +55,7 @@ def _verify_tensors_kernel(
     NP: tl.constexpr,
     WP: tl.constexpr,
     PREFIX_BLOCK: tl.constexpr,
+    FULL_MASK: tl.constexpr,
 ):
     b = tl.program_id(0)
     split = tl.program_id(2)
@@ -71,11 +72,12 @@ def _verify_tensors_kernel(
     mask_base = n * n * b.to(tl.int64) + n * tl.sum(tl.where(batch < b, all_lens, 0), 0)
     row_ptrs = mask_ptr + mask_base + rows.to(tl.int64) * row_len
 
-    cols = tl.arange(0, PREFIX_BLOCK)
-    ones = tl.full([ROWS, PREFIX_BLOCK], 1, dtype=tl.uint8)
-    for start in range(split * PREFIX_BLOCK, seq_len, num_splits * PREFIX_BLOCK):
-        c = start + cols
-        tl.store(row_ptrs[:, None] + c[None, :], ones, mask=row_ok[:, None] & (c < seq_len)[None, :])
+    if FULL_MASK:
+        cols = tl.arange(0, PREFIX_BLOCK)
+        ones = tl.full([ROWS, PREFIX_BLOCK], 1, dtype=tl.uint8)
+        for start in range(split * PREFIX_BLOCK, seq_len, num_splits * PREFIX_BLOCK):
+            c = start + cols
+            tl.store(row_ptrs[:, None] + c[None, :], ones, mask=row_ok[:, None] & (c < seq_len)[None, :])
 
     if split == 0:
         node_base = b.to(tl.int64) * budget - 1  # node i >= 1 lives at [b, i - 1]
@@ -117,17 +119,17 @@ def _verify_tensors_kernel(
         word_ptrs = ancestor_ptr + flat[:, None] * num_words + words[None, :]
         tl.store(word_ptrs, bits, mask=row_ok[:, None] & (words[None, :] < num_words))
 
-        # Tree columns of the mask, one 64-bit word (64 columns) at a time.
-        lanes = tl.arange(0, 64)
-        for w in range(num_words):
-            word = tl.sum(tl.where(words[None, :] == w, bits, 0), 1)
-            visible = ((word[:, None] >> lanes[None, :].to(tl.int64)) & 1).to(tl.uint8)
-            c = w * 64 + lanes
-            tl.store(
-                row_ptrs[:, None] + seq_len + c[None, :],
-                visible,
-                mask=row_ok[:, None] & (c < n)[None, :],
-            )
+        if FULL_MASK:  # tree columns of the mask, one 64-bit word (64 columns) at a time
+            lanes = tl.arange(0, 64)
+            for w in range(num_words):
+                word = tl.sum(tl.where(words[None, :] == w, bits, 0), 1)
+                visible = ((word[:, None] >> lanes[None, :].to(tl.int64)) & 1).to(tl.uint8)
+                c = w * 64 + lanes
+                tl.store(
+                    row_ptrs[:, None] + seq_len + c[None, :],
+                    visible,
+                    mask=row_ok[:, None] & (c < n)[None, :],
+                )
 
 
 @dataclass
@@ -139,7 +141,7 @@ class VerifyTensors:
     retrieve_index: torch.Tensor  # [bs, N] int64
     retrieve_next_token: torch.Tensor  # [bs, N] int64
     retrieve_next_sibling: torch.Tensor  # [bs, N] int64
-    custom_mask: torch.Tensor  # [>= sum(N*(seq_len+N))] bool or uint8, FULL layout
+    custom_mask: Optional[torch.Tensor]  # [>= sum(N*(seq_len+N))] bool or uint8, FULL layout; None: not built
     ancestor_bits: torch.Tensor  # [bs, N, ceil(N/64)] int64
 
     @classmethod
@@ -176,6 +178,7 @@ def build_verify_tensors(
     out: Optional[VerifyTensors] = None,
     seq_lens_sum: Optional[int] = None,
     prefix_splits: int = 4,
+    full_mask: bool = True,
 ) -> VerifyTensors:
     """Write the verify tensors for trees given in pop order (``tree_build.build_tree`` output).
 
@@ -189,6 +192,9 @@ def build_verify_tensors(
             nothing synchronises, so the call can be captured in a CUDA graph.
         seq_lens_sum: host value of ``seq_lens.sum()``, used only to size a new mask.
         prefix_splits: programs sharing the prefix columns of one row block.
+        full_mask: write the FULL mask; without it (an attention that takes the tree block from
+            ``ancestor_bits``, e.g. ``flashinfer_split_verify``) ``custom_mask`` is None, or left as
+            it is in ``out``.
     """
     bs, budget = parent.shape
     n = budget + 1
@@ -196,13 +202,20 @@ def build_verify_tensors(
         assert tensor.shape == (bs, budget) and tensor.is_contiguous()
     assert token.dtype == torch.int64 and root_tokens.shape == (bs,)
     if out is None:
-        if seq_lens_sum is None:
+        if full_mask and seq_lens_sum is None:
             seq_lens_sum = int(seq_lens.sum().item())
-        out = VerifyTensors.allocate(bs, budget, full_mask_numel(seq_lens_sum, bs, budget), parent.device)
-    mask = out.custom_mask
-    if mask.dtype == torch.bool:
-        mask = mask.view(torch.uint8)
-    assert mask.dtype == torch.uint8 and mask.is_contiguous()
+        mask_numel = full_mask_numel(seq_lens_sum, bs, budget) if full_mask else 0
+        out = VerifyTensors.allocate(bs, budget, mask_numel, parent.device)
+        if not full_mask:
+            out.custom_mask = None
+    if full_mask:
+        mask = out.custom_mask
+        if mask.dtype == torch.bool:
+            mask = mask.view(torch.uint8)
+        assert mask.dtype == torch.uint8 and mask.is_contiguous()
+    else:
+        mask, prefix_splits = out.ancestor_bits, 1  # not written: FULL_MASK off
+
     num_words = triton.cdiv(n, 64)
     _verify_tensors_kernel[(bs, triton.cdiv(n, _ROWS), prefix_splits)](
         parent,
@@ -226,6 +239,7 @@ def build_verify_tensors(
         NP=triton.next_power_of_2(n),
         WP=triton.next_power_of_2(num_words),
         PREFIX_BLOCK=_PREFIX_BLOCK,
+        FULL_MASK=full_mask,
         num_warps=4,
     )
     return out

@@ -51,8 +51,11 @@ def _is_ddtree_draft_block(forward_batch: ForwardBatch) -> bool:
     return forward_batch.forward_mode.is_target_verify() and isinstance(forward_batch.spec_info, DDTreeDraftBlockInput)
 
 
-def tree_verify_dummy(custom_mask: torch.Tensor, tree_width: int, spec_steps: int) -> DDTreeVerifyInput:
-    """The shape-only verify input a tree-verify graph is captured with: it must carry a mask buffer."""
+def tree_verify_dummy(
+    custom_mask: Optional[torch.Tensor], tree_width: int, spec_steps: int, split_attention: bool = False
+) -> DDTreeVerifyInput:
+    """The shape-only verify input a tree-verify graph is captured with: it must carry a mask buffer, unless
+    FlashInfer attends the tree block apart (``flashinfer_split_verify``: then no FULL mask at all)."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
     from sglang_ddtree.speculative.ddtree_info import DDTreeVerifyInput
@@ -60,7 +63,7 @@ def tree_verify_dummy(custom_mask: torch.Tensor, tree_width: int, spec_steps: in
 
     return DDTreeVerifyInput(
         draft_token=None,
-        custom_mask=custom_mask,
+        custom_mask=None if split_attention else custom_mask,
         positions=None,
         retrieve_index=None,
         retrieve_next_token=None,
@@ -72,11 +75,15 @@ def tree_verify_dummy(custom_mask: torch.Tensor, tree_width: int, spec_steps: in
         capture_hidden_mode=CaptureHiddenMode.FULL,
         seq_lens_sum=None,
         seq_lens_cpu=None,
+        split_attention=split_attention,
     )
 
 
 def capture_tree_verify_with_mask(original, graph_runner: DecodeCudaGraphRunner, num_tokens: int, *args, **kwargs):
-    """AROUND ``DecodeCudaGraphRunner.get_spec_info``: DDTREE's target graphs are captured in tree-mask mode."""
+    """AROUND ``DecodeCudaGraphRunner.get_spec_info``: DDTREE's target graphs are captured in tree-mask mode (or
+    in the split form, as the worker will verify: both ask ``split_verify_supported`` of the target's backend)."""
+    from sglang_ddtree.speculative.flashinfer_split_verify import split_verify_supported
+
     runner = graph_runner.model_runner
     if not _is_ddtree_target(runner.spec_algorithm, runner.is_draft_worker):
         return original(graph_runner, num_tokens, *args, **kwargs)
@@ -84,6 +91,7 @@ def capture_tree_verify_with_mask(original, graph_runner: DecodeCudaGraphRunner,
         graph_runner.buffers.custom_mask,
         tree_width=graph_runner.captured_req_width,
         spec_steps=int(runner.server_args.speculative_num_steps),
+        split_attention=split_verify_supported(runner.attn_backend),
     )
 
 

@@ -17,12 +17,14 @@ class DDTreeVerifyInput(EagleVerifyInput):
 
     SGLang's tree verification (``run_eagle_verify``: tree attention mask, greedy/sampled acceptance,
     KV compaction, GDN tree path) reads any tree given as first-child/next-sibling links; only the
-    two shape properties below differ from EAGLE's per-level top-k trees. The two fields let a graph replay
-    plan FlashInfer without reading the device (``flashinfer_tree_plan``).
+    two shape properties below differ from EAGLE's per-level top-k trees. ``ancestor_bits`` and ``kv_lens_cpu`` let
+    a graph replay plan FlashInfer without reading the device (``flashinfer_tree_plan``).
     """
 
     ancestor_bits: Optional[torch.Tensor] = None  # [bs, N, ceil(N/64)] int64, the tree block of the mask, packed
     kv_lens_cpu: Optional[torch.Tensor] = None  # [bs] the key lengths (seq_len + N), on the host
+    # FlashInfer attends the prefix and the tree block apart (``flashinfer_split_verify``); custom_mask is then None.
+    split_attention: bool = False
 
     @property
     def max_tree_depth(self) -> int:

@@ -8,7 +8,8 @@ Per decode step, for a batch of requests with independent trees:
    vocabulary shard merged across ranks, per-depth top-K, best-first expansion under the node budget) runs
    in the same CUDA graph when the batch replays one.
 2. Tree: the verify tensors and the FULL tree mask of the expanded trees (they depend on the sequence
-   lengths, so they stay outside the graph). With FlashInfer and CUDA graphs (dense targets) the step reads
+   lengths, so they stay outside the graph); no FULL mask where FlashInfer attends the prefix and the tree
+   block apart (``flashinfer_split_verify``: dense FlashInfer targets). With FlashInfer and CUDA graphs (dense targets) the step reads
    the sequence lengths back once, before the draft launch, so that the draft block's and the verify graph's
    FlashInfer plans need no reads of their own (``flashinfer_tree_plan``): one blocking read per step instead of
    three before the draft and four after it.
@@ -66,6 +67,7 @@ from sglang_ddtree.speculative.ddtree_verify_graphs import (
     capture_verify_graphs,
     verify_graphs_per_width_requested,
 )
+from sglang_ddtree.speculative.flashinfer_split_verify import split_verify_supported
 from sglang_ddtree.speculative.flashinfer_tree_plan import compare_with_scheduler_mirror, planned_from_host_lengths
 from sglang_ddtree.tree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
 
@@ -116,6 +118,7 @@ class DDTreeWorker(DFlashWorkerV2):
         # Decided in init_attention_backends, once the target's backends exist.
         self._plans_from_host_lengths = False
         self._draft_plans_from_host_lengths = False
+        self._split_verify_attention = False
         self._draft_block_spec_info = DDTreeDraftBlockInput(
             draft_token=torch.empty((0,), dtype=torch.long, device=self.device),
             positions=torch.empty((0,), dtype=torch.int64, device=self.device),
@@ -133,13 +136,17 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def init_attention_backends(self) -> None:
         """SGLang builds the target worker's attention backends, then the draft worker's (this call): only now can
-        the step know whether its verify graphs are planned from host lengths (``flashinfer_tree_plan``)."""
+        the step know whether its verify graphs are planned from host lengths (``flashinfer_tree_plan``) and
+        whether its verify attends the prefix and the tree apart (``flashinfer_split_verify``)."""
         super().init_attention_backends()
         self._plans_from_host_lengths = planned_from_host_lengths(
             getattr(self.target_worker.model_runner, "attn_backend", None), self._cuda_graphs
         )
         self._draft_plans_from_host_lengths = planned_from_host_lengths(
             getattr(self.draft_model_runner, "attn_backend", None), self._cuda_graphs
+        )
+        self._split_verify_attention = split_verify_supported(
+            getattr(self.target_worker.model_runner, "attn_backend", None)
         )
 
     def init_cuda_graphs(self) -> None:
@@ -265,13 +272,15 @@ class DDTreeWorker(DFlashWorkerV2):
     ) -> DDTreeTensors:
         """The verify tensors of the best ``width``-node tree: the drafted (widest) tree, a prefix of its pop
         order, or the bonus token alone (``drafted`` None, width 1)."""
-        seq_lens_sum = self._seq_lens_upper_bound(batch, draft_input)
+        full_mask = not self._split_verify_attention
+        seq_lens_sum = self._seq_lens_upper_bound(batch, draft_input) if full_mask else 0
         if drafted is None:
-            return root_only_ddtree(draft_input.bonus_tokens, batch.seq_lens, seq_lens_sum)
+            return root_only_ddtree(draft_input.bonus_tokens, batch.seq_lens, seq_lens_sum, full_mask=full_mask)
         nodes = drafted if width == self.tree_width else drafted.first_nodes(width - 1)
         return ddtree_from_expansion(
-            **vars(nodes), root_tokens=draft_input.bonus_tokens, seq_lens=batch.seq_lens, seq_lens_sum=seq_lens_sum
-        )
+            **vars(nodes), root_tokens=draft_input.bonus_tokens, seq_lens=batch.seq_lens, seq_lens_sum=seq_lens_sum,
+            full_mask=full_mask,
+        )  # fmt: skip
 
     def _publish_read_done(self) -> None:
         """Move the scheduler's write-after-read fence to the end of this step.
@@ -396,6 +405,7 @@ class DDTreeWorker(DFlashWorkerV2):
             seq_lens_cpu=batch.seq_lens_cpu,
             ancestor_bits=tree.ancestor_bits,
             kv_lens_cpu=kv_lens_cpu,
+            split_attention=self._split_verify_attention,
         )
 
     def _append_committed_to_draft_kv(

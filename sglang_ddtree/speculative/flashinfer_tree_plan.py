@@ -1,5 +1,5 @@
 """FlashInfer plans of DDTREE's graph replays from host lengths: the tree verify's (its mask packed on the device)
-and the draft block's.
+and the draft block's. A verify in the split form (``flashinfer_split_verify``) is planned there instead.
 
 Before each replay of a tree-verify graph SGLang 0.5.17 re-plans FlashInfer's paged prefill
 (``FlashInferIndicesUpdaterPrefill.call_begin_forward`` -> ``BatchPrefillWithPagedKVCacheWrapper.plan``) with the
@@ -132,8 +132,12 @@ def _plan_tree_verify(original: Callable[..., None], updater: Any, call: inspect
                       kwargs: dict) -> None:  # fmt: skip
     from sglang_ddtree.kernels.tree_mask_packed import pack_tree_mask, packed_mask_bytes
 
+    from sglang_ddtree.speculative.flashinfer_split_verify import plan_split_tree_verify
+
     call.apply_defaults()
     spec_info, wrapper = call.arguments["spec_info"], call.arguments["wrapper_paged"]
+    if spec_info.split_attention:
+        return plan_split_tree_verify(updater, call.arguments)
     if not sync_free_plan_enabled() or not _replayable(updater, call) or not _has_packed_mask_buffers(wrapper, spec_info):
         _counts["upstream_plans"] += 1
         return original(updater, *args, **kwargs)

@@ -42,7 +42,7 @@ class DDTreeTensors:
     retrieve_index: torch.Tensor  # [bs, N] int64, b*N + i
     retrieve_next_token: torch.Tensor  # [bs, N] int64, first child or -1
     retrieve_next_sibling: torch.Tensor  # [bs, N] int64, next sibling or -1
-    custom_mask: torch.Tensor  # FULL layout, >= sum_b N*(seq_len_b + N) bool
+    custom_mask: Optional[torch.Tensor]  # FULL layout, >= sum_b N*(seq_len_b + N) bool; None: not built
     ancestor_bits: torch.Tensor  # [bs, N, ceil(N/64)] int64
     topk_workspace: Optional[torch.Tensor] = None  # int64 scratch of the top-K kernels
 
@@ -92,12 +92,15 @@ def ddtree_from_expansion(
     seq_lens: torch.Tensor,
     *,
     seq_lens_sum: Optional[int] = None,
+    full_mask: bool = True,
 ) -> DDTreeTensors:
     """The verify tensors of an already expanded tree (``build_tree``'s outputs, e.g. written by the draft
-    graph's head): the part of the build that depends on the sequence lengths."""
+    graph's head): the part of the build that depends on the sequence lengths (``full_mask``: see
+    ``build_verify_tensors``)."""
     verify = build_verify_tensors(
-        parent, token, depth, root_tokens, seq_lens, top_logprobs.shape[1], seq_lens_sum=seq_lens_sum
-    )
+        parent, token, depth, root_tokens, seq_lens, top_logprobs.shape[1], seq_lens_sum=seq_lens_sum,
+        full_mask=full_mask,
+    )  # fmt: skip
     return DDTreeTensors(
         top_logprobs=top_logprobs,
         top_tokens=top_tokens,
@@ -109,11 +112,14 @@ def ddtree_from_expansion(
     )
 
 
-def root_only_ddtree(root_tokens: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int) -> DDTreeTensors:
+def root_only_ddtree(
+    root_tokens: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int, full_mask: bool = True
+) -> DDTreeTensors:
     """The verify tensors of trees that are only their root (a verify of the bonus tokens, width 1), without a
     kernel: each request's one row sees its whole prefix and itself, so the FULL mask is all True.
 
-    ``seq_lens_sum``: a host bound on ``seq_lens.sum()`` (a larger mask is only longer than it needs to be)."""
+    ``seq_lens_sum``: a host bound on ``seq_lens.sum()`` (a larger mask is only longer than it needs to be);
+    without ``full_mask`` no FULL mask is made (``custom_mask`` None)."""
     bs, device = root_tokens.shape[0], root_tokens.device
     empty = {"dtype": torch.int64, "device": device}
     return DDTreeTensors(
@@ -128,7 +134,11 @@ def root_only_ddtree(root_tokens: torch.Tensor, seq_lens: torch.Tensor, seq_lens
         retrieve_index=torch.arange(bs, **empty).view(bs, 1),
         retrieve_next_token=torch.full((bs, 1), -1, **empty),
         retrieve_next_sibling=torch.full((bs, 1), -1, **empty),
-        custom_mask=torch.ones(full_mask_numel(seq_lens_sum, bs, budget=0), dtype=torch.bool, device=device),
+        custom_mask=(
+            torch.ones(full_mask_numel(seq_lens_sum, bs, budget=0), dtype=torch.bool, device=device)
+            if full_mask
+            else None
+        ),
         ancestor_bits=torch.ones((bs, 1, 1), **empty),
     )
 
