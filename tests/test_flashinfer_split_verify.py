@@ -36,7 +36,10 @@ class RaggedRecorder:
         self.use_cuda_graph, self.buffers, self.plans = use_cuda_graph, buffers, []
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim, **kwargs):
+        """Records the call and, as FlashInfer 0.6.15 does with a packed mask, stores the offsets in bits."""
         self.plans.append(dict(qo_indptr=qo_indptr, kv_indptr=kv_indptr, heads=(num_qo_heads, num_kv_heads), **kwargs))
+        bits = torch.cumsum(torch.diff(qo_indptr) * torch.diff(kv_indptr), 0)
+        self.buffers["mask_indptr_buf"][1:].copy_(bits)
 
 
 @pytest.fixture
@@ -133,12 +136,33 @@ def test_without_host_lengths_or_before_capture_the_wrapper_plans_itself(monkeyp
         assert kwargs["causal"] is False and "custom_mask" not in kwargs
 
 
-def test_an_eager_verify_replans_its_tree_block_every_time(monkeypatch, fake_flashinfer):
+def test_an_eager_verify_keeps_its_tree_block_while_the_batch_shape_holds(monkeypatch, fake_flashinfer):
+    """Eager verifies too run the block on buffers of its own (a graph-kind wrapper): FlashInfer's own eager buffers
+    would hold the mask offsets in bits, and requests after the first would read the wrong bits."""
     spec_info, _ = split_spec_info(host_lens=None)
     updater, paged, _, _ = plan(monkeypatch, spec_info, graph=False)
-    block = updater.attn_backend.__dict__[flashinfer_split_verify._TREE_BLOCKS][id(paged)]
+    blocks = updater.attn_backend.__dict__[flashinfer_split_verify._TREE_BLOCKS]
+    block = blocks[id(paged)]
     plan(monkeypatch, spec_info, graph=False, updater=updater, paged=paged)
-    assert not block.wrapper.use_cuda_graph and len(block.wrapper.plans) == 2
+    assert blocks[id(paged)] is block and block.wrapper.use_cuda_graph and len(block.wrapper.plans) == 1
+    assert block.wrapper.buffers["mask_indptr_buf"] is block.mask_indptr
+    segment = flashinfer_split_verify.tree_block_mask_bytes(N)
+    assert block.mask_indptr.tolist() == [i * segment for i in range(GRAPH_BS + 1)]  # bytes, as the kernel reads
+
+    spec_info.draft_token_num = N - 2  # another width (``--budget auto``): a block of its own shape
+    spec_info.ancestor_bits = spec_info.ancestor_bits[:, : N - 2].contiguous()
+    plan(monkeypatch, spec_info, graph=False, updater=updater, paged=paged)
+    assert blocks[id(paged)] is not block and blocks[id(paged)].nodes == N - 2
+
+
+def test_a_capture_dummy_leaves_the_mask_all_visible_with_byte_offsets(monkeypatch, fake_flashinfer):
+    spec_info, _ = split_spec_info(host_lens=SEQ_LENS)
+    spec_info.ancestor_bits = None
+    updater, paged, _, _ = plan(monkeypatch, spec_info, planned=False)
+    block = updater.attn_backend.__dict__[flashinfer_split_verify._TREE_BLOCKS][id(paged)]
+    segment = flashinfer_split_verify.tree_block_mask_bytes(N)
+    assert block.mask_indptr.tolist() == [i * segment for i in range(GRAPH_BS + 1)]
+    assert set(block.mask.tolist()) == {255}
 
 
 def test_a_verify_without_split_keeps_the_full_mask_plans(monkeypatch, fake_flashinfer):

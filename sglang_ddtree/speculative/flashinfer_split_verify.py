@@ -13,8 +13,12 @@ Every tree node sees the whole prefix, so the mask only matters inside the tree.
   writes its bits from the trees' ancestor bits, ``seq_len`` 0);
 
 and merges the two by log-sum-exp (SGLang's ``_safe_merge_state``), as SGLang's extend merges its paged and ragged
-parts. The tree block's layout is the same every step (N queries and N keys per request), so under CUDA graphs its
-plan is made once per captured batch size; only its mask bits are rewritten before each replay.
+parts. The tree block's layout is the same every step (N queries and N keys per request), so its plan is made once
+per batch shape; only its mask bits (and their byte offsets) are rewritten before each verify. The block's wrappers
+are always FlashInfer's CUDA-graph kind, whose mask buffers are ours: given a packed mask, FlashInfer 0.6.15's plan
+stores the segments' offsets in bits (``_compute_mask_indptr``) while its kernel reads them as bytes, so the offsets
+the kernel reads must be the ones the mask kernel writes after each plan (an eager wrapper's plan would replace the
+buffer with its own bit offsets: requests after the first read the wrong mask bits).
 
 Two AROUND hooks carry it: the plan (``FlashInferIndicesUpdaterPrefill.call_begin_forward``, dispatched from
 ``flashinfer_tree_plan``) and the layer's forward (``FlashInferAttnBackend.forward_extend``), both only for a
@@ -36,7 +40,7 @@ from sglang_ddtree.env_flags import env_flag
 SPLIT_VERIFY_ENV = "SGLANG_DDTREE_SPLIT_VERIFY_ATTENTION"
 FORWARD_EXTEND = "sglang.srt.layers.attention.flashinfer_backend.FlashInferAttnBackend.forward_extend"
 _TREE_BLOCKS = "_ddtree_tree_blocks"  # attribute of a FlashInferAttnBackend: id(paged wrapper) -> TreeBlock
-_counts = {"split_verify_plans": 0, "split_verify_plans_from_host_lengths": 0, "tree_block_graph_plans": 0}
+_counts = {"split_verify_plans": 0, "split_verify_plans_from_host_lengths": 0, "tree_block_plans": 0}
 
 
 def split_verify_enabled() -> bool:
@@ -87,8 +91,6 @@ class TreeBlock:
 
         if ancestor_bits is None:
             return
-        if ancestor_bits.shape[1] != self.nodes:
-            raise RuntimeError(f"DDTREE: a verify of {ancestor_bits.shape[1]} nodes on a graph planned for {self.nodes}")
         pack_tree_mask(ancestor_bits, self.zero_lens, self.mask, self.mask_indptr)
 
 
@@ -96,8 +98,8 @@ def _host_indptr(bs: int, step: int) -> torch.Tensor:
     return torch.arange(0, (bs + 1) * step, step, dtype=torch.int32)
 
 
-def _new_tree_block(updater: Any, bs: int, nodes: int, graph: bool) -> TreeBlock:
-    """A ragged wrapper for ``bs`` requests of ``nodes`` tree nodes; under CUDA graphs planned here, once."""
+def _new_tree_block(updater: Any, bs: int, nodes: int) -> TreeBlock:
+    """A ragged wrapper for ``bs`` requests of ``nodes`` tree nodes, on buffers of its own, planned here once."""
     from flashinfer import BatchPrefillWithRaggedKVCacheWrapper
 
     backend = updater.attn_backend
@@ -110,39 +112,31 @@ def _new_tree_block(updater: Any, bs: int, nodes: int, graph: bool) -> TreeBlock
         mask_indptr=_host_indptr(bs, tree_block_mask_bytes(nodes)).to(device),
         zero_lens=torch.zeros(bs, dtype=torch.int32, device=device),
     )
-    buffers = dict(qo_indptr_buf=indptr, kv_indptr_buf=indptr.clone(), custom_mask_buf=block.mask,
-                   mask_indptr_buf=block.mask_indptr) if graph else {}  # fmt: skip
     block.wrapper = BatchPrefillWithRaggedKVCacheWrapper(
-        backend.workspace_buffer, "NHD", use_cuda_graph=graph, backend="fa2", **buffers
-    )
-    if graph:
-        _plan_tree_block(updater, block, bs)
-        _counts["tree_block_graph_plans"] += 1
-    return block
-
-
-def _plan_tree_block(updater: Any, block: TreeBlock, bs: int) -> None:
-    """FlashInfer's ragged plan from host indptrs (nothing read back); the mask is the block's own buffer."""
+        backend.workspace_buffer, "NHD", use_cuda_graph=True, backend="fa2", qo_indptr_buf=indptr,
+        kv_indptr_buf=indptr.clone(), custom_mask_buf=block.mask, mask_indptr_buf=block.mask_indptr,
+    )  # fmt: skip
+    # From host indptrs: nothing read back. The plan writes bit offsets into mask_indptr, put back to bytes below.
     block.wrapper.plan(
         _host_indptr(bs, block.nodes), _host_indptr(bs, block.nodes), updater.num_qo_heads, updater.num_kv_heads,
         updater.head_dim, packed_custom_mask=block.mask, causal=False, q_data_type=updater.q_data_type,
         kv_data_type=updater.data_type, non_blocking=True,
     )  # fmt: skip
+    block.mask_indptr.copy_(_host_indptr(bs, tree_block_mask_bytes(nodes)), non_blocking=True)
+    _counts["tree_block_plans"] += 1
+    return block
 
 
 def _tree_block(updater: Any, paged_wrapper: Any, bs: int, nodes: int) -> TreeBlock:
-    """The tree block that runs beside ``paged_wrapper``: a graph wrapper's is made (and planned) at its capture
-    and reused by every replay; an eager wrapper's is re-planned for each verify."""
+    """The tree block that runs beside ``paged_wrapper``: a graph wrapper's is made at its capture and serves every
+    replay; an eager wrapper's is made again whenever the batch's shape changes."""
     blocks = updater.attn_backend.__dict__.setdefault(_TREE_BLOCKS, {})
-    graph = bool(getattr(paged_wrapper, "is_cuda_graph_enabled", False))
     block = blocks.get(id(paged_wrapper))
-    if graph:
-        if block is None:
-            block = blocks[id(paged_wrapper)] = _new_tree_block(updater, bs, nodes, graph=True)
-        return block
     if block is None or block.nodes != nodes or block.zero_lens.numel() != bs:
-        block = blocks[id(paged_wrapper)] = _new_tree_block(updater, bs, nodes, graph=False)
-    _plan_tree_block(updater, block, bs)
+        if block is not None and getattr(paged_wrapper, "is_cuda_graph_enabled", False):
+            raise RuntimeError(f"DDTREE: a verify of {bs} x {nodes} nodes on a graph captured for "
+                               f"{block.zero_lens.numel()} x {block.nodes}")  # fmt: skip
+        block = blocks[id(paged_wrapper)] = _new_tree_block(updater, bs, nodes)
     return block
 
 
@@ -243,8 +237,8 @@ def forward_split_tree_verify(
 
 
 def split_verify_report() -> Optional[dict[str, int]]:
-    """For ``/server_info``: split verify plans in this process, how many from host lengths, graph tree blocks
-    planned (None before any)."""
+    """For ``/server_info``: split verify plans in this process, how many from host lengths, tree blocks planned
+    (None before any)."""
     return dict(_counts) if any(_counts.values()) else None
 
 

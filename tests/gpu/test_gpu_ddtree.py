@@ -170,9 +170,12 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
     record({"test": "ddtree_graph_check", "backend": backend, **check, "plans": state.get("ddtree_flashinfer_plans")})
     draft = state["ddtree_graph_draft_check"]
     record({"test": "ddtree_graph_draft_check", "backend": backend, **draft})
-    if backend == "flashinfer":  # the replays were planned without reading the device (flashinfer_tree_plan)
-        plans = state["ddtree_flashinfer_plans"]
-        assert plans["sync_free_plans"] >= check["verifies"] and plans["sync_free_draft_plans"] >= draft["blocks"], plans
+    if backend == "flashinfer":  # the replays were planned without reading the device (flashinfer_tree_plan), the
+        plans = state["ddtree_flashinfer_plans"]  # verifies in the split form (flashinfer_split_verify)
+        split = state.get("ddtree_split_verify_attention") or {}
+        record({"test": "ddtree_split_verify_plans", "backend": backend, **split})
+        assert split.get("split_verify_plans_from_host_lengths", 0) >= check["verifies"], split
+        assert plans["sync_free_draft_plans"] >= draft["blocks"], plans
     assert check["verifies"] > 0 and check["rows"] >= check["verifies"] * (BUDGET + 1)
     assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
