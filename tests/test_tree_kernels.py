@@ -393,6 +393,8 @@ def test_a_bonus_only_tree_has_the_reference_verify_tensors_of_a_tree_without_no
             assert bool(tensor.all()) and tensor.numel() >= value.numel()
             tensor = tensor[: value.numel()]
         assert torch.equal(tensor, value.to(tensor.dtype)), name
+    split = root_only_ddtree(roots.to(DEVICE), seq.to(DEVICE), seq_lens_sum=0, full_mask=False)  # the split verify
+    assert split.custom_mask is None and torch.equal(split.ancestor_bits.cpu(), expected["ancestor_bits"])
 
 
 @pytest.mark.parametrize("per_request", [False, True])
