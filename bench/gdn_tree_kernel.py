@@ -17,14 +17,12 @@ or chains.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 import triton.testing
 
-from bench.provenance import checkout_commit
+from bench.provenance import checkout_commit, write_report
 from sglang_ddtree.tree.gdn_tree_reference import random_parents
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 
@@ -131,11 +129,7 @@ def main() -> None:
             for T in args.widths if not (shape == "chain" and T == 65)]  # fmt: skip
     report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(),
                        "gpu": torch.cuda.get_device_name(), "tp": args.tp}, "rows": rows}  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gdn_tree_kernel.json").write_text(json.dumps(report, indent=1))
-    (out / "gdn_tree_kernel.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(args.out, "gdn_tree_kernel", report, markdown(report))
 
 
 if __name__ == "__main__":

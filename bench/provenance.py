@@ -1,4 +1,4 @@
-"""Which code a benchmark report describes.
+"""Which code a benchmark report describes, and where a report is written.
 
 The GPU machine receives a copy of the working tree whose ``.git`` may name an older commit than the one being
 measured; the caller then names the commit in ``SGLANG_DDTREE_BENCH_COMMIT`` (a literal in the command it sends),
@@ -7,6 +7,7 @@ and reports carry that instead of what ``git`` says there.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -28,3 +29,12 @@ def checkout_commit() -> str:
     except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
         return "?"
     return commit + ("+dirty" if dirty else "")
+
+
+def write_report(out: str, name: str, report: dict, markdown: str) -> None:
+    """``NAME.json`` and ``NAME.md`` in the folder ``out`` (made if missing); the Markdown is also printed."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (folder / f"{name}.md").write_text(markdown)
+    print(markdown)

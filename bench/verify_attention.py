@@ -26,12 +26,11 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 
-from bench.provenance import checkout_commit
+from bench.provenance import checkout_commit, write_report
 from sglang_ddtree.tree.gdn_tree_reference import random_parents
 
 
@@ -199,11 +198,7 @@ def main() -> None:
     report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(),
                        "gpu": torch.cuda.get_device_name(), "flashinfer": flashinfer.__version__, "n": args.nodes,
                        "chain": args.chain, "repeats": args.repeats}, "rows": rows}  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "verify_attention.json").write_text(json.dumps(report, indent=1))
-    (out / "verify_attention.md").write_text(markdown(report))
-    print(markdown(report))
+    write_report(args.out, "verify_attention", report, markdown(report))
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def test_a_capture_dummy_leaves_the_mask_all_visible_with_byte_offsets(monkeypat
 
 def test_a_verify_without_split_keeps_the_full_mask_plans(monkeypatch, fake_flashinfer):
     spec_info, _ = tree_spec_info(host_lens=SEQ_LENS)  # split_attention False: flashinfer_tree_plan's own test
-    updater, paged, fast_plans, _ = plan(monkeypatch, spec_info)
+    updater, _, _, _ = plan(monkeypatch, spec_info)
     assert flashinfer_split_verify._TREE_BLOCKS not in updater.attn_backend.__dict__
 
 
@@ -198,7 +198,7 @@ def test_prefix_and_tree_block_merged_equal_the_full_mask_attention(monkeypatch)
 
     monkeypatch.setattr(backend_module, "_safe_merge_state", merge, raising=False)
     g = torch.Generator().manual_seed(0)
-    prefixes, n, heads, kv_heads, dim = [5, 3], 4, 4, 2, 8
+    n, heads, kv_heads, dim = 4, 4, 2, 8
     parents = [[-1, 0, 0, 1], [-1, 0, 1, 1]]
     slots = 32
     k_pool, v_pool = torch.randn(slots, kv_heads, dim, generator=g), torch.randn(slots, kv_heads, dim, generator=g)

@@ -16,7 +16,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 export GPU_SUITE_MODELS=/tmp/tiny_models GPU_SUITE_REPORT="$OUT/gpu_suite.jsonl"
 [ -d "$GPU_SUITE_MODELS/qwen3" ] || python3 tests/tiny_models.py --out "$GPU_SUITE_MODELS" >>"$OUT/gpu_suite.log" 2>&1
 # A deadline inside the script, so the JIT cache is still packed when a run is cut short.
-timeout "${GPU_SUITE_TIMEOUT:-3000}" python3 -m pytest -m gpu -p no:cacheprovider -v -rA tests/gpu "$@" 2>&1 \
+# The whole suite unless the arguments name test files of their own (a -k selection alone still means all of them).
+targets=(tests/gpu)
+for arg in "$@"; do [[ "$arg" == tests/gpu/* ]] && targets=(); done
+timeout "${GPU_SUITE_TIMEOUT:-3000}" python3 -m pytest -m gpu -p no:cacheprovider -v -rA "${targets[@]}" "$@" 2>&1 \
   | tee -a "$OUT/gpu_suite.log"
 rc=${PIPESTATUS[0]}
 tar -czf "$OUT/server_logs.tgz" -C "${TMPDIR:-/tmp}" $(cd "${TMPDIR:-/tmp}" && ls sglang_ddtree_server_*.log 2>/dev/null) 2>/dev/null
