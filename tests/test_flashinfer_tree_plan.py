@@ -203,3 +203,17 @@ def test_the_worker_read_is_compared_with_the_schedulers_host_mirror_of_the_leng
     flashinfer_tree_plan.compare_with_scheduler_mirror(read, None)
     grew = {k: flashinfer_tree_plan._counts[k] - before[k] for k in before}
     assert grew["read_lengths_equal_scheduler_mirror"] == 1 and grew["read_lengths_differ_from_scheduler_mirror"] == 2
+
+
+def test_on_request_the_lengths_come_from_the_schedulers_mirror_instead_of_a_device_read(monkeypatch):
+    """``SGLANG_DDTREE_LENGTHS_FROM_SCHEDULER=1`` (opt-in until a GPU run serves with it): the mirror, as int32, where
+    it covers the batch; otherwise (or switched off) None, and the worker reads the device."""
+    mirror = torch.tensor([7, 12], dtype=torch.int64)
+    assert flashinfer_tree_plan.scheduler_mirror_lengths(mirror, 2) is None
+    monkeypatch.setenv(flashinfer_tree_plan.LENGTHS_FROM_SCHEDULER_ENV, "1")
+    before = flashinfer_tree_plan._counts["lengths_taken_from_scheduler_mirror"]
+    taken = flashinfer_tree_plan.scheduler_mirror_lengths(mirror, 2)
+    assert taken.dtype == torch.int32 and taken.tolist() == [7, 12]
+    assert flashinfer_tree_plan.scheduler_mirror_lengths(mirror, 3) is None  # another batch's mirror
+    assert flashinfer_tree_plan.scheduler_mirror_lengths(None, 2) is None
+    assert flashinfer_tree_plan._counts["lengths_taken_from_scheduler_mirror"] == before + 1

@@ -68,7 +68,11 @@ from sglang_ddtree.speculative.ddtree_verify_graphs import (
     verify_graphs_per_width_requested,
 )
 from sglang_ddtree.speculative.flashinfer_split_verify import split_verify_supported
-from sglang_ddtree.speculative.flashinfer_tree_plan import compare_with_scheduler_mirror, planned_from_host_lengths
+from sglang_ddtree.speculative.flashinfer_tree_plan import (
+    compare_with_scheduler_mirror,
+    planned_from_host_lengths,
+    scheduler_mirror_lengths,
+)
 from sglang_ddtree.tree.tree_ops import DDTreeTensors, ddtree_from_expansion, root_only_ddtree
 
 logger = logging.getLogger(__name__)
@@ -359,12 +363,16 @@ class DDTreeWorker(DFlashWorkerV2):
         plans would otherwise read them back twice per step (the draft block's and the verify's, the latter
         after the draft forward). Only where such a plan runs (FlashInfer, CUDA graphs; the verify at a width with
         verify graphs, the draft block at any width but 1). Each read is compared with the scheduler's own host
-        mirror of the lengths (``compare_with_scheduler_mirror``): if they always agree, this read can go.
+        mirror of the lengths (``compare_with_scheduler_mirror``): if they always agree, this read can go, and under
+        ``SGLANG_DDTREE_LENGTHS_FROM_SCHEDULER=1`` it does (``scheduler_mirror_lengths``).
         """
         verify = self._plans_from_host_lengths and self._has_verify_graph(width)
         draft = self._draft_plans_from_host_lengths and width > 1
         if not (verify or draft):
             return None
+        mirrored = scheduler_mirror_lengths(batch.seq_lens_cpu, len(batch.seq_lens))
+        if mirrored is not None:
+            return mirrored
         read = batch.seq_lens.to("cpu", torch.int32)
         compare_with_scheduler_mirror(read, batch.seq_lens_cpu)
         return read

@@ -36,9 +36,11 @@ import torch
 from sglang_ddtree.env_flags import env_flag
 
 SYNC_FREE_PLAN_ENV = "SGLANG_DDTREE_FLASHINFER_SYNC_FREE_PLAN"
+LENGTHS_FROM_SCHEDULER_ENV = "SGLANG_DDTREE_LENGTHS_FROM_SCHEDULER"
 CALL_BEGIN_FORWARD = "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.call_begin_forward"
 _counts = {"sync_free_plans": 0, "upstream_plans": 0, "sync_free_draft_plans": 0, "upstream_draft_plans": 0,
-           "read_lengths_equal_scheduler_mirror": 0, "read_lengths_differ_from_scheduler_mirror": 0}
+           "read_lengths_equal_scheduler_mirror": 0, "read_lengths_differ_from_scheduler_mirror": 0,
+           "lengths_taken_from_scheduler_mirror": 0}
 
 
 def sync_free_plan_enabled() -> bool:
@@ -187,6 +189,18 @@ def compare_with_scheduler_mirror(read: torch.Tensor, mirror: Optional[torch.Ten
         return
     same = mirror.shape == read.shape and bool(torch.equal(mirror.to(read.dtype), read))
     _counts["read_lengths_equal_scheduler_mirror" if same else "read_lengths_differ_from_scheduler_mirror"] += 1
+
+
+def scheduler_mirror_lengths(mirror: Optional[torch.Tensor], batch_size: int) -> Optional[torch.Tensor]:
+    """The committed lengths from the scheduler's host mirror instead of a device read, where
+    ``SGLANG_DDTREE_LENGTHS_FROM_SCHEDULER=1`` asks for it and the mirror covers the batch; else None (read them).
+
+    Opt-in until a GPU run has served with it: the mirror equalled the worker's read in all 640 graph steps of
+    tests/gpu/RESULTS.md run 55, and plans from lengths that are not exact are wrong (run 38)."""
+    if mirror is None or mirror.shape != (batch_size,) or not env_flag(LENGTHS_FROM_SCHEDULER_ENV):
+        return None
+    _counts["lengths_taken_from_scheduler_mirror"] += 1
+    return mirror.to(torch.int32)
 
 
 def sync_free_plan_report() -> dict[str, int] | None:
