@@ -86,7 +86,7 @@ class TreeBlock:
 
     def write_mask(self, ancestor_bits: Optional[torch.Tensor]) -> None:
         """The batch's N x N masks from the trees' ancestor bits (graph padding rows see every tree key). Without
-        trees (a capture's dummy verify) the mask stays as it is: all set."""
+        trees (a capture's dummy verify) the mask is left as it is (every bit set when the block is new)."""
         from sglang_ddtree.kernels.tree_mask_packed import pack_tree_mask
 
         if ancestor_bits is None:
