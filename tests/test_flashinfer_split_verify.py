@@ -292,6 +292,8 @@ def flashinfer_backend(**overrides):
         {"prefill_backend": "fa3"},
         {"page_size": 16},
         {"indices_updater_prefill": SimpleNamespace(data_type=torch.float8_e4m3fn, q_data_type=torch.bfloat16)},
+        {"indices_updater_prefill": SimpleNamespace(data_type=torch.bfloat16, q_data_type=torch.bfloat16,
+                                                    sliding_window_size=4096)},  # fmt: skip
     ],
 )
 def test_the_split_form_covers_plain_flashinfer_layouts_only(overrides):

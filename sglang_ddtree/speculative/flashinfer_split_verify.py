@@ -51,8 +51,8 @@ def split_verify_supported(attn_backend: Any) -> bool:
     """Whether a target with ``attn_backend`` verifies trees in the split form: switched on, and the attention a
     plain ``FlashInferAttnBackend`` in the layout the split covers (one wrapper: no sliding window or cross
     attention; fa2; page size 1; the KV cache in the queries' dtype, so that the tree's own keys can be read as
-    the layer computed them; no FP4 dequantisation workspace). Dense targets only so far: a hybrid target's
-    attention sits behind SGLang's hybrid backend."""
+    the layer computed them; no FP4 dequantisation workspace; no sliding window in the model, even on one wrapper).
+    Dense targets only so far: a hybrid target's attention sits behind SGLang's hybrid backend."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
     if not split_verify_enabled() or type(attn_backend) is not FlashInferAttnBackend:
@@ -66,6 +66,7 @@ def split_verify_supported(attn_backend: Any) -> bool:
         and attn_backend.prefill_backend == "fa2"
         and attn_backend.page_size == 1
         and updater.data_type == updater.q_data_type
+        and getattr(updater, "sliding_window_size", None) in (None, -1)
     )
 
 
