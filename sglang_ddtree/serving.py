@@ -3,7 +3,8 @@
 :func:`launched_server` starts the launcher in its own process group, waits until ``/health`` answers 200 and
 stops the whole group (scheduler and detokenizer children included) on exit, also when the caller is stopped by
 SIGTERM (``timeout``'s signal): left behind, a server of a benchmark cut by its deadline kept its GPU memory
-through the next ones (tests/gpu/RESULTS.md run 40).
+through the next ones (tests/gpu/RESULTS.md run 40). A start that fails because a port was taken meanwhile is
+retried on fresh ports (:func:`port_clash`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+START_ATTEMPTS = 3
+
+
+def port_clash(message: str) -> bool:
+    """Whether a failed start says a port it bound was taken. Servers and engines starting side by side race for
+    free ports: the HTTP port chosen here and SGLang's torch.distributed port (``get_free_port``: free when
+    asked, bound later) can be handed to two of them (tests/gpu/RESULTS.md run 54, a CI engine test)."""
+    return "EADDRINUSE" in message or "address already in use" in message.lower()
 
 
 PATH_FLAGS = ("--model-path", "--draft-model-path", "--speculative-draft-model-path", "--tokenizer-path")
@@ -71,24 +82,35 @@ def launched_server(
 
     The child runs outside the checkout, so that it serves the installed package (the one SGLang's plugin entry
     point loads in every process it starts). Model and drafter paths relative to the caller's folder are passed on
-    as absolute paths.
+    as absolute paths. A start that fails on a taken port (:func:`port_clash`) is tried again on a fresh port, up to
+    :data:`START_ATTEMPTS` starts in all; any other failure raises :class:`ServerStartError` at once.
     """
-    port = free_port() if port is None else port
-    with sigterm_stops_servers(), open(log_path or default_log_path(port), "w+") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sglang_ddtree.launch", *absolute_local_paths(args), "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-            cwd=os.environ.get("TMPDIR", "/tmp"),
-            start_new_session=True,
-        )
-        base_url = f"http://127.0.0.1:{port}"
+    with sigterm_stops_servers():
+        for attempt in range(1, START_ATTEMPTS + 1):
+            server_port = port if port is not None and attempt == 1 else free_port()
+            log = open(log_path or default_log_path(server_port), "w+")
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sglang_ddtree.launch", *absolute_local_paths(args), "--port", str(server_port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                cwd=os.environ.get("TMPDIR", "/tmp"),
+                start_new_session=True,
+            )
+            base_url = f"http://127.0.0.1:{server_port}"
+            try:
+                _wait_healthy(proc, base_url, log, ready_timeout)
+                break
+            except BaseException as error:
+                _stop(proc)
+                log.close()
+                if not isinstance(error, ServerStartError) or attempt == START_ATTEMPTS or not port_clash(str(error)):
+                    raise
         try:
-            _wait_healthy(proc, base_url, log, ready_timeout)
             yield base_url
         finally:
             _stop(proc)
+            log.close()
 
 
 def _raise_system_exit(signum: int, frame) -> None:

@@ -11,6 +11,8 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from sglang_ddtree.serving import START_ATTEMPTS, port_clash
+
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 ENGINE_SCRIPT = os.path.join(TESTS_DIR, "engine_generate.py")
@@ -56,23 +58,25 @@ def run_engine_generate(
         "concurrent_requests": CONCURRENT_REQUESTS,
         "streamed": streamed,
     }
-    proc = subprocess.Popen(
-        [sys.executable, ENGINE_SCRIPT, json.dumps(request)],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"engine run timed out after {timeout}s:\n{stderr[-4000:]}")
-    if proc.returncode != 0:
-        raise AssertionError(f"engine run failed (exit {proc.returncode}):\n{stderr[-6000:]}")
-    return json.loads(stdout.strip().splitlines()[-1])
+    for attempt in range(1, START_ATTEMPTS + 1):
+        proc = subprocess.Popen(
+            [sys.executable, ENGINE_SCRIPT, json.dumps(request)],
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"engine run timed out after {timeout}s:\n{stderr[-4000:]}")
+        if proc.returncode == 0:
+            return json.loads(stdout.strip().splitlines()[-1])
+        if attempt == START_ATTEMPTS or not port_clash(stderr):  # engines of parallel tests race for free ports
+            raise AssertionError(f"engine run failed (exit {proc.returncode}):\n{stderr[-6000:]}")
 
 
 def accepted_drafts_of_tree_verifies(report: dict, modes: tuple[str, ...], new_tokens: int, block_size: int) -> int:
