@@ -73,8 +73,10 @@ def plan(monkeypatch, spec_info, *, graph=True, planned=True, updater=None, page
         attn_backend=SimpleNamespace(page_size=1, get_cuda_graph_seq_len_fill_value=lambda: FILL,
                                      workspace_buffer=torch.empty(8, dtype=torch.uint8, device=DEVICE)),
     )  # fmt: skip
-    paged = paged or SimpleNamespace(is_cuda_graph_enabled=graph, _backend="fa2", _cached_module=object() if planned else None,
-                            begin_forward=lambda *a, **kw: own_plans.append((a, kw)))  # fmt: skip
+    paged = paged or SimpleNamespace(
+        is_cuda_graph_enabled=graph, _backend="fa2", _cached_module=object() if planned else None,
+        begin_forward=lambda *a, **kw: own_plans.append((a, kw)),
+    )  # fmt: skip
     seq_lens = torch.tensor(SEQ_LENS + [FILL] * (GRAPH_BS - len(SEQ_LENS)), dtype=torch.int32, device=DEVICE)
     kv_indptr, qo_indptr = (torch.zeros(GRAPH_BS + 1, dtype=torch.int32, device=DEVICE) for _ in range(2))
     flashinfer_tree_plan.plan_tree_verify_without_host_sync(
@@ -119,7 +121,8 @@ def test_the_tree_block_gets_the_n_by_n_ancestor_masks_and_is_planned_once_per_g
     assert bytes(block.mask[: len(expected)].cpu().tolist()) == expected
     all_visible = np.packbits(np.ones(N * N, dtype=np.uint8), bitorder="little").tobytes()
     assert bytes(block.mask[len(expected) : GRAPH_BS * segment].cpu().tolist()) == all_visible * (GRAPH_BS - 2)
-    assert block.mask_indptr.tolist() == [i * segment for i in range(GRAPH_BS + 1)] and expected_indptr[-1] == 2 * segment
+    assert block.mask_indptr.tolist() == [i * segment for i in range(GRAPH_BS + 1)]
+    assert expected_indptr[-1] == 2 * segment
 
     ragged_plan = block.wrapper.plans[0]
     assert block.wrapper.use_cuda_graph and ragged_plan["causal"] is False
@@ -218,7 +221,8 @@ def test_prefix_and_tree_block_merged_equal_the_full_mask_attention(monkeypatch)
     class Paged:  # over each request's prefix keys, read from the pool the hook hands it
         def forward_return_lse(self, q3, kv, causal, sm_scale, logits_soft_cap):
             assert causal is False and sm_scale == scale
-            parts = [attention(q3[b * n : (b + 1) * n], kv[0][s], kv[1][s], torch.ones(n, len(s), dtype=torch.bool), scale)
+            everything = torch.ones(n, max(len(s) for s in prefix_slots), dtype=torch.bool)
+            parts = [attention(q3[b * n : (b + 1) * n], kv[0][s], kv[1][s], everything[:, : len(s)], scale)
                      for b, s in enumerate(prefix_slots)]  # fmt: skip
             return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 

@@ -205,7 +205,8 @@ def forward_split_tree_verify(
     v: Optional[torch.Tensor], layer: Any, forward_batch: Any, save_kv_cache: bool = True, *args: Any, **kwargs: Any,
 ) -> torch.Tensor:  # fmt: skip
     """AROUND ``FlashInferAttnBackend.forward_extend``: a split tree verify's layer (anything else: SGLang's)."""
-    if not (forward_batch.forward_mode.is_target_verify() and getattr(forward_batch.spec_info, "split_attention", False)):
+    split = getattr(forward_batch.spec_info, "split_attention", False)
+    if not (split and forward_batch.forward_mode.is_target_verify()):
         return original(backend, q, k, v, layer, forward_batch, save_kv_cache, *args, **kwargs)
     from sglang.srt.layers.attention.flashinfer_backend import _safe_merge_state
     from sglang.srt.layers.radix_attention import AttentionType
@@ -216,8 +217,10 @@ def forward_split_tree_verify(
         or layer.attn_type == AttentionType.ENCODER_ONLY
         or (layer.sliding_window_size or -1) >= 0
     ):
-        raise RuntimeError(f"DDTREE split verify attention reached layer {layer.layer_id}, which it does not cover "
-                           f"(cross attention, encoder-only or a sliding window); set {SPLIT_VERIFY_ENV}=0")  # fmt: skip
+        raise RuntimeError(
+            f"DDTREE split verify attention reached layer {layer.layer_id}, which it does not cover (cross "
+            f"attention, encoder-only or a sliding window); set {SPLIT_VERIFY_ENV}=0"
+        )
     pool = backend.token_to_kv_pool
     cache_loc = forward_batch.out_cache_loc
     if k is not None and save_kv_cache:
