@@ -84,6 +84,7 @@ class TreeBlock:
     mask: torch.Tensor  # uint8, packed N x N masks of the batch
     mask_indptr: torch.Tensor  # int32 [bs + 1]
     zero_lens: torch.Tensor  # int32 [bs]: the block has no prefix columns
+    query_indptr: torch.Tensor  # int32 [bs + 1] on the device: N queries per request (the paged part's too)
 
     def write_mask(self, ancestor_bits: Optional[torch.Tensor]) -> None:
         """The batch's N x N masks from the trees' ancestor bits (graph padding rows see every tree key). Without
@@ -112,6 +113,7 @@ def _new_tree_block(updater: Any, bs: int, nodes: int) -> TreeBlock:
         mask=torch.full((bs * tree_block_mask_bytes(nodes),), 255, dtype=torch.uint8, device=device),
         mask_indptr=_host_indptr(bs, tree_block_mask_bytes(nodes)).to(device),
         zero_lens=torch.zeros(bs, dtype=torch.int32, device=device),
+        query_indptr=indptr,
     )
     block.wrapper = BatchPrefillWithRaggedKVCacheWrapper(
         backend.workspace_buffer, "NHD", use_cuda_graph=True, backend="fa2", qo_indptr_buf=indptr,
@@ -178,9 +180,10 @@ def plan_split_tree_verify(updater: Any, arguments: dict) -> None:
     create_flashinfer_kv_indices_triton[(bs,)](
         updater.req_to_token, req_pool_indices, prefix_lens, kv_indptr, None, kv_indices, updater.req_to_token.shape[1]
     )
+    tree_block = _tree_block(updater, wrapper, bs, nodes)
     qo_host = _host_indptr(bs, nodes)
     qo_indptr = arguments["qo_indptr"][: bs + 1]
-    qo_indptr.copy_(qo_host, non_blocking=True)
+    qo_indptr.copy_(tree_block.query_indptr)  # device to device: no pageable host copy in the step
     layout = dict(num_qo_heads=updater.num_qo_heads, num_kv_heads=updater.num_kv_heads, head_dim_qk=updater.head_dim,
                   page_size=1, q_data_type=updater.q_data_type, kv_data_type=updater.data_type, causal=False,
                   non_blocking=True)  # fmt: skip
@@ -196,7 +199,7 @@ def plan_split_tree_verify(updater: Any, arguments: dict) -> None:
         _counts["split_verify_plans_from_host_lengths"] += 1
     else:
         wrapper.begin_forward(qo_indptr, kv_indptr, kv_indices, last_page_len, **layout)
-    _tree_block(updater, wrapper, bs, nodes).write_mask(spec_info.ancestor_bits)
+    tree_block.write_mask(spec_info.ancestor_bits)
     _counts["split_verify_plans"] += 1
 
 
