@@ -154,8 +154,15 @@ def assert_every_width_replayed_its_own_graphs(url: str, backend: str, widths: l
     assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
     if backend == "flashinfer":  # every width's replays were planned without reading the device
-        assert state["ddtree_flashinfer_plans"]["sync_free_plans"] >= check["verifies"], state["ddtree_flashinfer_plans"]
+        assert verify_plans_from_host_lengths(state) >= check["verifies"], state
     return auto
+
+
+def verify_plans_from_host_lengths(state: dict) -> int:
+    """Tree verifies a FlashInfer server planned from host lengths, in whichever form it verifies: split
+    (flashinfer_split_verify, the default on dense targets) or one FULL mask (flashinfer_tree_plan)."""
+    split = state.get("ddtree_split_verify_attention")
+    return split["split_verify_plans_from_host_lengths"] if split else state["ddtree_flashinfer_plans"]["sync_free_plans"]
 
 
 @pytest.mark.servers("ar", "ddtree_graphs")
@@ -174,8 +181,7 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
         plans = state["ddtree_flashinfer_plans"]  # verifies in the split form (flashinfer_split_verify) unless off
         split = state.get("ddtree_split_verify_attention")
         record({"test": "ddtree_split_verify_plans", "backend": backend, **(split or {})})
-        verify_plans = split["split_verify_plans_from_host_lengths"] if split else plans["sync_free_plans"]
-        assert verify_plans >= check["verifies"], (split, plans)
+        assert verify_plans_from_host_lengths(state) >= check["verifies"], (split, plans)
         assert plans["sync_free_draft_plans"] >= draft["blocks"], plans
     assert check["verifies"] > 0 and check["rows"] >= check["verifies"] * (BUDGET + 1)
     assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
