@@ -305,10 +305,25 @@ def test_the_split_form_covers_plain_flashinfer_layouts_only(overrides):
     assert not flashinfer_split_verify.split_verify_supported(flashinfer_backend(**overrides))
 
 
+def hybrid_backend(full_attn_backend):
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+    backend = object.__new__(HybridLinearAttnBackend)
+    backend.full_attn_backend, backend.linear_attn_backend = full_attn_backend, SimpleNamespace()
+    return backend
+
+
+def test_a_hybrid_target_verifies_its_attention_layers_split_when_its_full_attention_backend_qualifies():
+    assert flashinfer_split_verify.split_verify_supported(hybrid_backend(flashinfer_backend()))
+    assert not flashinfer_split_verify.split_verify_supported(hybrid_backend(flashinfer_backend(page_size=16)))
+    assert not flashinfer_split_verify.split_verify_supported(hybrid_backend(SimpleNamespace()))  # e.g. triton
+
+
 def test_the_split_form_is_on_by_default_and_can_be_turned_off(monkeypatch):
-    assert not flashinfer_split_verify.split_verify_supported(SimpleNamespace())  # not FlashInfer (triton, hybrid)
+    assert not flashinfer_split_verify.split_verify_supported(SimpleNamespace())  # not FlashInfer (e.g. triton)
     monkeypatch.setenv(flashinfer_split_verify.SPLIT_VERIFY_ENV, "0")
     assert not flashinfer_split_verify.split_verify_supported(flashinfer_backend())
+    assert not flashinfer_split_verify.split_verify_supported(hybrid_backend(flashinfer_backend()))
 
 
 def test_a_split_capture_dummy_carries_no_full_mask():

@@ -48,13 +48,17 @@ def split_verify_enabled() -> bool:
 
 
 def split_verify_supported(attn_backend: Any) -> bool:
-    """Whether a target with ``attn_backend`` verifies trees in the split form: switched on, and the attention a
-    plain ``FlashInferAttnBackend`` in the layout the split covers (one wrapper: no sliding window or cross
-    attention; fa2; page size 1; the KV cache in the queries' dtype, so that the tree's own keys can be read as
-    the layer computed them; no FP4 dequantisation workspace; no sliding window in the model, even on one wrapper).
-    Dense targets only so far: a hybrid target's attention sits behind SGLang's hybrid backend."""
+    """Whether a target with ``attn_backend`` verifies trees in the split form: switched on, and the attention
+    layers on a plain ``FlashInferAttnBackend`` (the target's own, or on a hybrid target the full-attention one
+    behind SGLang's ``HybridLinearAttnBackend``, which hands those layers' plans and forwards to it; its linear
+    layers read no mask) in the layout the split covers (one wrapper: no sliding window or cross attention; fa2;
+    page size 1; the KV cache in the queries' dtype, so that the tree's own keys can be read as the layer computed
+    them; no FP4 dequantisation workspace; no sliding window in the model, even on one wrapper)."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 
+    if type(attn_backend) is HybridLinearAttnBackend:
+        attn_backend = attn_backend.full_attn_backend
     if not split_verify_enabled() or type(attn_backend) is not FlashInferAttnBackend:
         return False
     updater = getattr(attn_backend, "indices_updater_prefill", None)

@@ -3,7 +3,8 @@
 The target is ``tests/tiny_models.py``'s ``qwen35`` (2 x (3 Gated DeltaNet + 1 gated full attention) layers at
 the real head dims, an MTP layer, a 64-token vocabulary), the drafter ``dflash_swa`` (a causal sliding-window
 layer and a full-attention one, like z-lab's Qwen3.6 drafters). Tree verification through GDN layers runs
-SGLang's tree path: a conv window and SSM state per tree node, the last accepted node's committed.
+SGLang's tree path: a conv window and SSM state per tree node, the last accepted node's committed. On flashinfer the
+attention layers verify the tree in the split form (``flashinfer_split_verify``), as on dense targets.
 
 Per backend: AR and DDTree (budget 16) with the radix cache off, DDTree with CUDA graphs (graph-vs-eager verify
 check on) and without, and DDTree with the radix cache on (extra_buffer GDN snapshots). On flashinfer also MTP
@@ -124,6 +125,10 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
     record({"test": "hybrid_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0  # otherwise a bonus-only verify would pass too
+    if algorithm == "DDTREE" and backend == "flashinfer":  # the attention layers verified the tree split
+        split = http_json(url + "/server_info")["internal_states"][0].get("ddtree_split_verify_attention")
+        record({"test": "hybrid_split_verify_plans", "kind": kind, "backend": backend, **(split or {})})
+        assert split and split["split_verify_plans"] > 0, split
     assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend],
                     [o["output_ids"] for o in outputs], f"hybrid {kind}")  # fmt: skip
     return metas
