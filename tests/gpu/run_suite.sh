@@ -5,7 +5,8 @@
 # Optional: .gpu/jitcache.tgz.part* (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces),
 # GPU_SUITE_BACKENDS (flashinfer,triton), GPU_SUITE_PREFILL_GRAPHS=0 (servers start without SGLang's prefill graphs:
 # minutes less per call, tests/gpu/suite_servers.py). A -k selection starts only the selected tests' servers.
-# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings), $OUT/server_logs.tgz and $OUT/jitcache.tgz.part*.
+# Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings; each failure's reason as it happens), $OUT/server_logs.tgz
+# and $OUT/jitcache.tgz.part*.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_suite_out}
