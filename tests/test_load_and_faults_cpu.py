@@ -30,11 +30,8 @@ random drafter's top-4 hold the target's choice often, so trees are accepted bey
 from __future__ import annotations
 
 import dataclasses
-import http.client
 import json
-import threading
 import time
-import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -43,6 +40,7 @@ import pytest
 import torch
 
 from sglang_ddtree.serving import free_port, launched_server
+from server_load import LEAK_MESSAGES, LoadSampler, Stream, loads, pools, wait_idle
 from support import http_json, record
 from test_http_launch import CPU_SERVER_FLAGS
 from tiny_models import MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
@@ -55,9 +53,6 @@ CLIENTS, ROUNDS, SEQUENTIAL = 32, 2, 4
 PROMPTS = [[(11 * i + 5 * j) % (VOCAB - 4) + 4 for j in range(1 + (13 * i) % 16)] for i in range(CLIENTS)]
 NEW_TOKENS = [2 + (3 * i) % 3 for i in range(CLIENTS)]
 LONG_TOKENS = 500  # the requests that end early: they would need minutes to finish
-IDLE_TIMEOUT_S = 60
-LEAK_MESSAGES = ("memory leak detected", "Mem Leak Detected", "double free", "use-after-free")
-POOLS = ("num_running_reqs", "num_waiting_reqs", "num_used_tokens")
 
 
 def greedy(tokens: int) -> dict[str, Any]:
@@ -68,70 +63,6 @@ def generate(url: str, prompt: list[int], tokens: int) -> dict[str, Any]:
     out = http_json(url + "/generate", {"input_ids": prompt, "sampling_params": greedy(tokens)})
     assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == tokens
     return out
-
-
-def loads(url: str) -> dict[str, Any]:
-    (load,) = http_json(url + "/v1/loads")["loads"]
-    return load
-
-
-def pools(load: dict[str, Any]) -> dict[str, int]:
-    return {k: load[k] for k in POOLS}
-
-
-def wait_idle(url: str) -> tuple[dict[str, Any], float]:
-    """The first ``/v1/loads`` snapshot with no request running or waiting and no KV token in use, and the
-    seconds it took to come; fails after ``IDLE_TIMEOUT_S``."""
-    start = time.monotonic()
-    while True:
-        load = loads(url)
-        if not any(pools(load).values()):
-            return load, round(time.monotonic() - start, 2)
-        assert time.monotonic() - start < IDLE_TIMEOUT_S, f"not idle after {IDLE_TIMEOUT_S}s: {pools(load)}"
-        time.sleep(0.2)
-
-
-class Stream:
-    """A streaming ``/generate`` over its own connection, read chunk by chunk."""
-
-    def __init__(self, url: str, prompt: list[int], tokens: int, rid: str):
-        parsed = urllib.parse.urlparse(url)
-        self.conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=300)
-        body = {"input_ids": prompt, "sampling_params": greedy(tokens), "stream": True, "rid": rid}
-        self.conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
-        self.response = self.conn.getresponse()
-        assert self.response.status == 200
-
-    def chunks(self):
-        for line in self.response:
-            line = line.strip()
-            if line.startswith(b"data: ") and line != b"data: [DONE]":
-                yield json.loads(line[len(b"data: ") :])
-
-    def close(self) -> None:
-        self.response.close()
-        self.conn.close()
-
-
-class LoadSampler:
-    """Polls ``/v1/loads`` in a thread while a phase runs: the peak of each pool figure."""
-
-    def __init__(self, url: str):
-        self.url, self.peak, self.stop = url, dict.fromkeys(POOLS, 0), threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.5):
-            for k, v in pools(loads(self.url)).items():
-                self.peak[k] = max(self.peak[k], v)
-
-    def __enter__(self) -> LoadSampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def hf_greedy(model, prompt: list[int], tokens: int) -> list[int]:
@@ -229,12 +160,12 @@ def disconnects_and_aborts_end_only_their_own_requests(server, reference) -> Non
     ended: dict[str, list[dict]] = {}
 
     def disconnect(rid: str, prompt: list[int]) -> None:
-        stream = Stream(url, prompt, LONG_TOKENS, rid)
+        stream = Stream(url, prompt, greedy(LONG_TOKENS), rid)
         ended[rid] = [chunk for _, chunk in zip(range(3), stream.chunks())]
         stream.close()
 
     def abort(rid: str, prompt: list[int]) -> None:
-        stream = Stream(url, prompt, LONG_TOKENS, rid)
+        stream = Stream(url, prompt, greedy(LONG_TOKENS), rid)
         chunks = [chunk for _, chunk in zip(range(2), stream.chunks())]
         http_json(url + "/abort_request", {"rid": rid})
         ended[rid] = chunks + list(stream.chunks())
