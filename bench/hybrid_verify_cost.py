@@ -13,7 +13,9 @@ Each configuration is one SGLang server started through ``python -m sglang_ddtre
   config reads it: 5 layers, 4 causal sliding-window (2048) + 1 full attention, 32/8 heads of dim 128, FFN
   17408, block 16, target layers [1, 16, 31, 46, 61], mask token 248070);
 - AR, MTP (NEXTN, 3 steps, 4 verify tokens), DFLASH (block 16) and DDTree at verify widths N = budget + 1 in
-  ``WIDTHS``; the SSM state in float32 (the config's) and bfloat16 (``--mamba-ssm-dtype``).
+  ``WIDTHS``; the SSM state in float32 (the config's) and bfloat16 (``--mamba-ssm-dtype``); DDTree's GDN layers
+  also without per-node states (``wy``: issue 17's verify), and its attention layers also with one FULL tree mask
+  over prefix + tree (``full mask``: as before ``flashinfer_split_verify``).
 
 Random weights accept (almost) nothing, so every step commits one token and the measured step time is the
 algorithm's fixed cost at that width. Per batch size: ``bs`` concurrent streamed greedy requests
@@ -49,6 +51,7 @@ from bench.provenance import checkout_commit
 from bench.side_by_side import stream_generate
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.profiling.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.speculative.flashinfer_split_verify import SPLIT_VERIFY_ENV
 from sglang_ddtree.speculative.hybrid_tree_verify import WY_VERIFY_ENV
 from sglang_ddtree.serving import ServerStartError, launched_server
 
@@ -130,6 +133,8 @@ def default_configs() -> list[Config]:
         Config("attention-only dflash", "attention_twin", "dflash", 16), ddtree(16, "bfloat16"),
         Config("mtp ssm bf16", "qwen36_27b", "mtp", 4, "bfloat16"),
         *[Config(f"ddtree N={w} wy", "qwen36_27b", "ddtree", w, env={WY_VERIFY_ENV: "1"}) for w in (33, 16, 65)],
+        # the attention layers' tree verify as before the split (one FULL mask over prefix + tree), for its A/B
+        Config("ddtree N=33 full mask", "qwen36_27b", "ddtree", 33, env={SPLIT_VERIFY_ENV: "0"}),
     ]  # fmt: skip
 
 
