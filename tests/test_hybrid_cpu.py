@@ -146,25 +146,36 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], DRAFT_BLOCK_SIZE) > 0
 
 
-def test_budget_auto_changes_the_gdn_verify_width_step_to_step_and_stays_exact(models, ar_outputs, tmp_path):
-    """``--budget auto`` on the hybrid target: SGLang's GDN tree verify and state commit run at whatever width the
-    step picked (bonus-only width 1 included), from the same per-request state slots; the output is AR's."""
-    widths = [1, 9, 33]  # width 9 verifies the first 8 popped nodes of a 33-node tree: the budget-8 tree
-    table = tmp_path / "steps.json"  # alone only width 9 pays; four at a time only bonus-only verifies do
+@pytest.mark.parametrize("gdn_verify, widths", [("snapshots", [1, 9, 33]), ("wy", [1, 5, 9])], ids=["snapshots", "wy"])
+def test_budget_auto_changes_the_gdn_verify_width_step_to_step_and_stays_exact(
+    models, ar_outputs, tmp_path, gdn_verify, widths
+):
+    """``--budget auto`` on the hybrid target: the GDN tree verify (SGLang's per-node snapshots, or the
+    snapshot-free one laid out for the widest tree whatever the step's width) and the state commit run at whatever
+    width the step picked (bonus-only width 1 included), from the same per-request state slots; the output is AR's.
+    The middle width verifies the first popped nodes of the widest tree (9 of 33: the budget-8 tree; 5 of 9)."""
+    table = tmp_path / "steps.json"  # alone only the middle width pays; four at a time only bonus-only verifies do
     table.write_text(json.dumps({"widths": widths, "batch_sizes": [1, 4],
                                  "step_ms": [[1000.0, 1.0, 1000.0], [1.0, 1000.0, 1000.0]]}))  # fmt: skip
+    env = {"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), **({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {})}
     report = generate(
         {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
          "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": widths[-1]},
-        modes=("sequential", "concurrent"), env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table)},
+        modes=("sequential", "concurrent"), env=env,
     )  # fmt: skip
     assert report["sequential"]["output_ids"] == ar_outputs
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
-    auto = report["scheduler_states"][0]["ddtree_budget_auto"]
-    steps = dict(zip(auto["widths"], auto["steps"]))
-    assert steps[33] >= 2 and steps[1] > 0 and steps[9] > steps[33], steps
-    # Alone, every verify after the first two was a 9-node prefix: drafts accepted there went through the GDN layers.
+    state = report["scheduler_states"][0]
+    steps = dict(zip(state["ddtree_budget_auto"]["widths"], state["ddtree_budget_auto"]["steps"]))
+    narrow, middle, widest = widths
+    assert steps[widest] >= 2 and steps[narrow] > 0 and steps[middle] > steps[widest], steps
+    # Alone, every verify after the first two was a middle-width prefix: drafts accepted there went through the GDN
+    # layers.
     assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0, steps
+    if gdn_verify == "wy":
+        used = state["ddtree_gdn_wy_verify"]
+        assert used["layer_verifies"] > 0 and used["commits"] > 0, used
+        assert used["intermediate_buffers"]["tree_nodes"] == widest, used
 
 
 @SHARES_THE_B8_RUN
