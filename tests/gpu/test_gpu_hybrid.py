@@ -7,7 +7,9 @@ SGLang's tree path: a conv window and SSM state per tree node, the last accepted
 attention layers verify the tree in the split form (``flashinfer_split_verify``), as on dense targets.
 
 Per backend: AR and DDTree (budget 16) with the radix cache off, DDTree with CUDA graphs (graph-vs-eager verify
-check on) and without, and DDTree with the radix cache on (extra_buffer GDN snapshots). On flashinfer also MTP
+check on) and without, with the snapshot-free GDN verify (``ddtree_wy``), under ``--budget auto`` with verify
+graphs per width (``ddtree_auto``, a fixed step table that makes it pick several widths), and DDTree with the
+radix cache on (extra_buffer GDN snapshots). On flashinfer also MTP
 and DFLASH on the same target, and DDTree and DFLASH on the text-only arch ``qwen35_text`` (the same weights).
 Requests are 16 concurrent greedy generations of 320 tokens after prompts of 3-108 tokens: past the 256-token
 mamba-track interval of the prefix cache. Exactness in bfloat16 is judged by AR's top-2 margin (``lossless.py``);
@@ -16,6 +18,7 @@ token identity in float32 is tests/test_hybrid_cpu.py's.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import urllib.request
@@ -73,6 +76,10 @@ SERVERS = {  # kind: (launcher arguments, environment)
     # issue 17's snapshot-free GDN tree verify, graph replays checked against eager re-runs too
     "ddtree_wy": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
                   {"SGLANG_DDTREE_GDN_WY_VERIFY": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
+    # --budget auto with verify graphs per width (a GDN backend per width; opt-in on hybrid targets until this
+    # passes), the table of AUTO_STEP_MS (the budget arguments are added by the servers fixture)
+    "ddtree_auto": ([*DDTREE[:-2], "--model-path", TARGET, *NO_RADIX],
+                    {"SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}),
     "dflash": (["--algo", "dflash", "--model-path", TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}),
     "ddtree_text": ([*DDTREE, "--model-path", TEXT_TARGET, *NO_RADIX], {}),
@@ -80,13 +87,27 @@ SERVERS = {  # kind: (launcher arguments, environment)
 }  # fmt: skip
 
 
+AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
+# Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
+AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 1.1, 3.0], 4: [1.0, 1.05, 1.1, 1.2, 3.0], 16: [1.0, 100.0, 100.0, 100.0, 100.0]}
+
+
+def auto_budget_args(tmp_dir: str) -> list[str]:
+    table = os.path.join(tmp_dir, "step_times.json")
+    with open(table, "w") as f:
+        json.dump({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS), "step_ms": list(AUTO_STEP_MS.values())}, f)
+    return ["--budget", "auto", "--step-time-table", table]
+
+
 @pytest.fixture(scope="module")
-def servers(request: pytest.FixtureRequest):
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """{(kind, backend): url or an error string}; the servers the selected tests use start side by side (a ``-k``
     run starts only those)."""
+    auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")))
 
     def start(stack: ExitStack, kind: str, backend: str):
         args, env = SERVERS[kind]
+        args = [*args, *auto_args] if kind == "ddtree_auto" else args
         t0 = time.perf_counter()
         try:
             url = stack.enter_context(launched_server([*args, "--attention-backend", backend, *FLAGS], free_port(),
@@ -135,11 +156,20 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
 
 
 @pytest.mark.servers("ar")
-@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_radix", "ddtree_wy"])
+@pytest.mark.parametrize("kind", ["ddtree_graphs", "ddtree_eager", "ddtree_radix", "ddtree_wy", "ddtree_auto"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
     metas = check_greedy(servers, ar_outputs, kind, backend, "DDTREE")
     assert max(len(m["spec_accept_histogram"]) for m in metas) <= 8  # at most one node per drafted depth (block 8)
+    if kind == "ddtree_auto":  # every width verified through graphs captured for it, each replay == eager re-run
+        state = http_json(url_of(servers, kind, backend) + "/server_info")["internal_states"][0]
+        auto, check = state["ddtree_budget_auto"], state["ddtree_graph_verify_check"]
+        record({"test": "hybrid_auto_widths", "backend": backend, **auto, "graph_check": check})
+        assert sum(steps > 0 for steps in auto["steps"]) >= 2, auto
+        assert auto["graph_widths"] == AUTO_WIDTHS and auto["graph_replays"] == auto["steps"], auto
+        assert check["verifies"] == sum(auto["graph_replays"]), (check, auto)
+        assert check["max_abs_diff"] <= GRAPH_CHECK_MAX_ABS_DIFF
+        assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
 
 
 @pytest.mark.servers("ar")
