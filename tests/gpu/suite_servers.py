@@ -7,9 +7,21 @@ more, and its ``backend`` parameter says on which attention backend.
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from typing import Callable, Iterator
 
 import pytest
+
+from sglang_ddtree.serving import ServerStartError, free_port, launched_server
+from support import record
+
+# A step-time table under which --budget auto verifies bonus-only, narrow and the widest trees: narrow trees pay
+# alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
+AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 1.1, 3.0], 4: [1.0, 1.05, 1.1, 1.2, 3.0], 16: [1.0, 100.0, 100.0, 100.0, 100.0]}
 
 
 def prefill_graph_flags() -> list[str]:
@@ -35,3 +47,42 @@ def servers_of_selected_tests(request: pytest.FixtureRequest) -> list[tuple[str,
     """The (kind, backend) servers that the selected tests of the requesting module talk to, in a stable order."""
     module_items = [item for item in request.session.items if item.module is request.module]
     return sorted(set().union(*map(servers_used_by, module_items)))
+
+
+def started_servers(
+    request: pytest.FixtureRequest,
+    launch: Callable[[str, str], tuple[list[str], dict[str, str]]],
+    label: str,
+    ready_timeout: float,
+) -> Iterator[dict[tuple[str, str], str]]:
+    """For a module fixture: ``{(kind, backend): url, or why it did not start}`` for the servers its selected tests
+    talk to, started side by side and stopped when the module ends; ``launch(kind, backend)`` gives each one's
+    launcher arguments and environment. Each start's seconds go to the report as ``{label}_server_start``."""
+
+    def start(stack: ExitStack, kind: str, backend: str) -> tuple[tuple[str, str], str]:
+        args, env = launch(kind, backend)
+        t0 = time.perf_counter()
+        try:
+            url = stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=ready_timeout))
+        except ServerStartError as e:
+            return (kind, backend), str(e)
+        record({"test": f"{label}_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
+        return (kind, backend), url
+
+    combos = servers_of_selected_tests(request)
+    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
+        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
+
+
+def url_of(servers: dict[tuple[str, str], str], kind: str, backend: str) -> str:
+    url = servers.get((kind, backend), f"no {kind} server on {backend}")
+    assert url.startswith("http://"), url
+    return url
+
+
+def auto_budget_args(tmp_dir: str, widths: list[int]) -> list[str]:
+    """``--budget auto`` with :data:`AUTO_STEP_MS` over ``widths`` (five, the widest the server's tree)."""
+    table = os.path.join(tmp_dir, "step_times.json")
+    with open(table, "w") as f:
+        json.dump({"widths": widths, "batch_sizes": list(AUTO_STEP_MS), "step_ms": list(AUTO_STEP_MS.values())}, f)
+    return ["--budget", "auto", "--step-time-table", table]

@@ -14,9 +14,7 @@ identity in float32 is the CPU suite's test (tests/test_ddtree_cpu.py).
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
@@ -31,7 +29,7 @@ from lossless import (
     generate_all,
     sampled_pvalues,
 )
-from suite_servers import prefill_graph_flags, servers_of_selected_tests
+from suite_servers import auto_budget_args, prefill_graph_flags, started_servers, url_of
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
 
@@ -64,47 +62,24 @@ SERVERS = {
 }
 MEASURED_WIDTHS = [1, 2, 4, 8, 16, 33]
 AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
-# Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
-AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 1.1, 3.0], 4: [1.0, 1.05, 1.1, 1.2, 3.0], 16: [1.0, 100.0, 100.0, 100.0, 100.0]}
-
-
-def auto_budget_args(tmp_dir: str) -> list[str]:
-    table = os.path.join(tmp_dir, "step_times.json")
-    with open(table, "w") as f:
-        json.dump({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS), "step_ms": list(AUTO_STEP_MS.values())}, f)
-    return ["--budget", "auto", "--step-time-table", table]
 
 
 @pytest.fixture(scope="module")
 def servers(request, tmp_path_factory):
     """{(kind, backend): url or an error string}; the servers the selected tests use start side by side (a ``-k``
     run starts only those)."""
-    auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")))
+    auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")), AUTO_WIDTHS)
 
-    def start(stack: ExitStack, kind: str, backend: str):
+    def launch(kind: str, backend: str) -> tuple[list[str], dict[str, str]]:
         algo_args, env = SERVERS[kind]
         args = [*algo_args, "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend,
                 "--dtype", "bfloat16", *FLAGS]  # fmt: skip
         if kind != "ar":
             budget = {"ddtree_auto": auto_args, "ddtree_measured": []}.get(kind, ["--budget", str(BUDGET)])
             args += ["--draft-model-path", f"{MODELS}/dflash_v64", *budget]
-        t0 = time.perf_counter()
-        try:
-            url = stack.enter_context(launched_server(args, free_port(), env=env, ready_timeout=420))
-        except ServerStartError as e:
-            return (kind, backend), str(e)
-        record({"test": "ddtree_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
-        return (kind, backend), url
+        return args, env
 
-    combos = servers_of_selected_tests(request)
-    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
-        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
-
-
-def url_of(servers, kind: str, backend: str) -> str:
-    url = servers.get((kind, backend), f"no {kind} server on {backend}")
-    assert url.startswith("http://"), url
-    return url
+    yield from started_servers(request, launch, "ddtree", ready_timeout=420)
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,8 @@ token identity in float32 is tests/test_hybrid_cpu.py's.
 
 from __future__ import annotations
 
-import json
 import os
-import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 
 import pytest
 
@@ -39,8 +35,7 @@ from lossless import (
     sampled_pvalues,
     second_token_marginal,
 )
-from suite_servers import prefill_graph_flags, servers_of_selected_tests
-from sglang_ddtree.serving import ServerStartError, free_port, launched_server
+from suite_servers import auto_budget_args, prefill_graph_flags, started_servers, url_of
 from support import http_json, record
 
 pytestmark = pytest.mark.gpu
@@ -77,7 +72,7 @@ SERVERS = {  # kind: (launcher arguments, environment)
     "ddtree_wy": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
                   {"SGLANG_DDTREE_GDN_WY_VERIFY": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     # --budget auto with verify graphs per width (a GDN backend per width; opt-in on hybrid targets until this
-    # passes), the table of AUTO_STEP_MS (the budget arguments are added by the servers fixture)
+    # passes), suite_servers.AUTO_STEP_MS's table (the budget arguments are added by the servers fixture)
     "ddtree_auto": ([*DDTREE[:-2], "--model-path", TARGET, *NO_RADIX],
                     {"SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}),
@@ -88,44 +83,19 @@ SERVERS = {  # kind: (launcher arguments, environment)
 
 
 AUTO_WIDTHS = [1, 2, 4, 8, BUDGET + 1]
-# Narrow trees pay alone and at a few requests, the widest is dear; from nine requests on, bonus-only verifies win.
-AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 1.1, 3.0], 4: [1.0, 1.05, 1.1, 1.2, 3.0], 16: [1.0, 100.0, 100.0, 100.0, 100.0]}
-
-
-def auto_budget_args(tmp_dir: str) -> list[str]:
-    table = os.path.join(tmp_dir, "step_times.json")
-    with open(table, "w") as f:
-        json.dump({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS), "step_ms": list(AUTO_STEP_MS.values())}, f)
-    return ["--budget", "auto", "--step-time-table", table]
 
 
 @pytest.fixture(scope="module")
 def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """{(kind, backend): url or an error string}; the servers the selected tests use start side by side (a ``-k``
     run starts only those)."""
-    auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")))
+    auto_args = auto_budget_args(str(tmp_path_factory.mktemp("auto_budget")), AUTO_WIDTHS)
 
-    def start(stack: ExitStack, kind: str, backend: str):
+    def launch(kind: str, backend: str) -> tuple[list[str], dict[str, str]]:
         args, env = SERVERS[kind]
-        args = [*args, *auto_args] if kind == "ddtree_auto" else args
-        t0 = time.perf_counter()
-        try:
-            url = stack.enter_context(launched_server([*args, "--attention-backend", backend, *FLAGS], free_port(),
-                                                      env=env, ready_timeout=480))  # fmt: skip
-        except ServerStartError as e:
-            return (kind, backend), str(e)
-        record({"test": "hybrid_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
-        return (kind, backend), url
+        return [*args, *(auto_args if kind == "ddtree_auto" else []), "--attention-backend", backend, *FLAGS], env
 
-    combos = servers_of_selected_tests(request)
-    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
-        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
-
-
-def url_of(servers, kind: str, backend: str) -> str:
-    url = servers.get((kind, backend), f"no {kind} server on {backend}")
-    assert url.startswith("http://"), url
-    return url
+    yield from started_servers(request, launch, "hybrid", ready_timeout=480)
 
 
 @pytest.fixture(scope="module")

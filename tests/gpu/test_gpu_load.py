@@ -24,15 +24,14 @@ import subprocess
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
 from typing import Any
 
 import pytest
 
 from lossless import assert_lossless
 from server_load import LEAK_MESSAGES, LoadSampler, Stream, pools, wait_idle
-from suite_servers import prefill_graph_flags, servers_of_selected_tests
-from sglang_ddtree.serving import ServerStartError, default_log_path, free_port, launched_server
+from suite_servers import prefill_graph_flags, started_servers, url_of
+from sglang_ddtree.serving import default_log_path
 from support import http_json, record
 
 pytestmark = pytest.mark.gpu
@@ -84,25 +83,11 @@ def gpu_memory_used_mib() -> int:
 def servers(request):
     """{(kind, backend): url or an error string}; the servers the selected tests use start side by side."""
 
-    def start(stack: ExitStack, kind: str, backend: str):
+    def launch(kind: str, backend: str) -> tuple[list[str], dict[str, str]]:
         args = [*SERVERS[kind], "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend, *FLAGS]
-        t0 = time.perf_counter()
-        try:
-            url = stack.enter_context(launched_server(args, free_port(), env=STRICT_MEMORY_CHECKS, ready_timeout=420))
-        except ServerStartError as e:
-            return (kind, backend), str(e)
-        record({"test": "load_server_start", "kind": kind, "backend": backend, "s": round(time.perf_counter() - t0, 1)})
-        return (kind, backend), url
+        return args, STRICT_MEMORY_CHECKS
 
-    combos = servers_of_selected_tests(request)
-    with ExitStack() as stack, ThreadPoolExecutor(len(combos)) as pool:
-        yield dict(pool.map(lambda combo: start(stack, *combo), combos))
-
-
-def url_of(servers, kind: str, backend: str) -> str:
-    url = servers.get((kind, backend), f"no {kind} server on {backend}")
-    assert url.startswith("http://"), url
-    return url
+    yield from started_servers(request, launch, "load", ready_timeout=420)
 
 
 @pytest.mark.servers("ar", "ddtree")
