@@ -151,15 +151,24 @@ def test_a_draft_block_otherwise_keeps_sglangs_plan(monkeypatch, case):
     assert flashinfer_tree_plan._counts["upstream_draft_plans"] == before["upstream_draft_plans"] + 1
 
 
-def test_only_a_dense_flashinfer_target_with_graphs_has_its_planned_from_host_lengths(monkeypatch):
-    from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
-    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+def test_flashinfer_graph_replays_are_planned_from_host_lengths_on_dense_and_split_hybrid_targets(monkeypatch):
+    """A dense FlashInfer target with graphs; a hybrid target whose attention layers verify in the split form
+    (its FlashInfer backend behind SGLang's hybrid one), whose paged part takes the same plan; not a hybrid target
+    verifying with the FULL mask, nor anything else."""
+    from test_flashinfer_split_verify import flashinfer_backend, hybrid_backend
 
-    dense, hybrid = object.__new__(FlashInferAttnBackend), object.__new__(HybridLinearAttnBackend)
+    from sglang_ddtree.speculative.flashinfer_split_verify import SPLIT_VERIFY_ENV
+
+    dense, hybrid = flashinfer_backend(), hybrid_backend(flashinfer_backend())
     assert flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=True)
+    assert flashinfer_tree_plan.planned_from_host_lengths(hybrid, cuda_graphs=True)
     assert not flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=False)
-    assert not flashinfer_tree_plan.planned_from_host_lengths(hybrid, cuda_graphs=True)
+    assert not flashinfer_tree_plan.planned_from_host_lengths(hybrid, cuda_graphs=False)
+    assert not flashinfer_tree_plan.planned_from_host_lengths(hybrid_backend(flashinfer_backend(page_size=16)), True)
     assert not flashinfer_tree_plan.planned_from_host_lengths(None, cuda_graphs=True)
+    monkeypatch.setenv(SPLIT_VERIFY_ENV, "0")  # the hybrid target verifies with the FULL mask: SGLang's plan
+    assert not flashinfer_tree_plan.planned_from_host_lengths(hybrid, cuda_graphs=True)
+    assert flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=True)
     monkeypatch.setenv(flashinfer_tree_plan.SYNC_FREE_PLAN_ENV, "0")
     assert not flashinfer_tree_plan.planned_from_host_lengths(dense, cuda_graphs=True)
 

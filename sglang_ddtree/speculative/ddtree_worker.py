@@ -10,9 +10,10 @@ Per decode step, for a batch of requests with independent trees:
 2. Tree: the verify tensors and the FULL tree mask of the expanded trees (they depend on the sequence
    lengths, so they stay outside the graph); no FULL mask where FlashInfer attends the prefix and the tree
    block apart (``flashinfer_split_verify``: FlashInfer targets, a hybrid one's attention layers too). With
-   FlashInfer and CUDA graphs (dense targets) the step reads the sequence lengths back once, before the draft
-   launch, so that the draft block's and the verify graph's FlashInfer plans need no reads of their own
-   (``flashinfer_tree_plan``): one blocking read per step instead of three before the draft and four after it.
+   FlashInfer and CUDA graphs (on hybrid targets: where their attention layers verify split) the step reads the
+   sequence lengths back once, before the draft launch, so that the draft block's and the verify graph's
+   FlashInfer plans need no reads of their own (``flashinfer_tree_plan``): one blocking read per step instead of
+   three before the draft and four after it.
 3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
    tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
    accepted nodes' KV to the front and commits the recurrent state of hybrid models.

@@ -48,15 +48,23 @@ def sync_free_plan_enabled() -> bool:
 
 
 def planned_from_host_lengths(attn_backend: Any, cuda_graphs: bool) -> bool:
-    """Whether the graph replays of a runner with ``attn_backend`` (the target's verify, the drafter's block) take
-    this plan (and the worker reads the lengths for it): switched on, CUDA graphs on, and the attention a plain
-    ``FlashInferAttnBackend`` — dense targets only so far: a hybrid target's attention layers sit behind SGLang's
-    hybrid backend, whose replays with this plan have not run on the GPU. Ask once the backends exist: SGLang
-    builds them after the draft worker (``Scheduler.init_model_worker``), so at the worker's construction the
-    answer is always no (run 41)."""
+    """Whether the graph replays of a runner with ``attn_backend`` (the target's verify, the drafter's block) are
+    planned from host lengths (and the worker reads the lengths for them): switched on, CUDA graphs on, and the
+    attention a plain ``FlashInferAttnBackend``, or on a hybrid target the FlashInfer backend of its attention
+    layers where they verify in the split form (``flashinfer_split_verify``, whose paged part takes the same
+    plan; the FULL-mask plan of this module has not run behind SGLang's hybrid backend). Ask once the backends
+    exist: SGLang builds them after the draft worker (``Scheduler.init_model_worker``), so at the worker's
+    construction the answer is always no (run 41)."""
     from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 
-    return sync_free_plan_enabled() and cuda_graphs and type(attn_backend) is FlashInferAttnBackend
+    from sglang_ddtree.speculative.flashinfer_split_verify import split_verify_supported
+
+    if not (sync_free_plan_enabled() and cuda_graphs):
+        return False
+    if type(attn_backend) is HybridLinearAttnBackend:
+        return split_verify_supported(attn_backend)
+    return type(attn_backend) is FlashInferAttnBackend
 
 
 @functools.lru_cache(maxsize=4)
