@@ -116,10 +116,12 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
     record({"test": "hybrid_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0  # otherwise a bonus-only verify would pass too
-    if algorithm == "DDTREE" and backend == "flashinfer":  # the attention layers verified the tree split
+    if algorithm == "DDTREE" and backend == "flashinfer":  # the attention layers verified the tree split, the
         split = http_json(url + "/server_info")["internal_states"][0].get("ddtree_split_verify_attention")
         record({"test": "hybrid_split_verify_plans", "kind": kind, "backend": backend, **(split or {})})
         assert split and split["split_verify_plans"] > 0, split
+        if "--disable-cuda-graph" not in SERVERS[kind][0]:  # graph replays planned from the step's host lengths
+            assert split["split_verify_plans_from_host_lengths"] > 0, split
     assert_lossless(backend, url_of(servers, "ar", backend), PROMPTS, ar_outputs[backend],
                     [o["output_ids"] for o in outputs], f"hybrid {kind}")  # fmt: skip
     return metas
