@@ -297,3 +297,26 @@ def test_prompts_of_a_given_length_repeat_each_prompt_to_exactly_that_many_token
     report = {"meta": {"date": "d", "commit": "c", "gpu": "H200", "model_path": "m", "max_new_tokens": 8},
               "cells": [cell]}
     assert "| ar | 8 | 2048 | – | 1.50 | – |" in step_profile.markdown(report)
+
+
+def test_every_traced_function_is_one_sglang_0_5_17_defines():
+    """A function SGLang renamed or moved would silently drop out of the host ranges."""
+    import importlib
+
+    from sglang_ddtree.profiling.ddtree_trace_ranges import TRACED_FUNCTIONS
+
+    missing = []
+    for name, target in TRACED_FUNCTIONS.items():
+        module_path, _, attributes = target, "", []
+        while module_path:
+            try:
+                owner = importlib.import_module(module_path)
+                break
+            except ModuleNotFoundError:
+                module_path, _, attribute = module_path.rpartition(".")
+                attributes.insert(0, attribute)
+        for attribute in attributes:
+            owner = getattr(owner, attribute, None)
+        if not callable(owner):
+            missing.append(f"{name}: {target}")
+    assert not missing, missing

@@ -58,6 +58,9 @@ TRACED_FUNCTIONS = {  # range name -> SGLang 0.5.17 function
     "compact_accept_to_front": f"{_SPEC}.eagle_worker_common._compact_accept_to_front",
     "draft_project_target_hidden": "sglang.srt.models.dflash.DFlashDraftModel.project_target_hidden",
     "resolve_seq_lens_cpu": "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu",
+    # inside eagle_sample under --simulate-tau (SGLang's, or DDTREE's along the best branch): a benchmark's own
+    # cost, which a served step does not pay
+    "simulated_accept_index": f"{_SPEC}.spec_utils.generate_simulated_accept_index",
     "process_batch_result_decode": ("sglang.srt.managers.scheduler_components.batch_result_processor."
                                     "SchedulerBatchResultProcessor.process_batch_result_decode"),
     "stream_output": "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output",
