@@ -22,6 +22,7 @@ Writes ``acceptance_crossover.json``, ``.md`` and one PNG (a panel per concurren
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -50,18 +51,14 @@ def measured_steps(report: dict) -> list[dict]:
         raise CrossoverError("the run has no greedy (T=0) cell with decode steps")
     entries = []
     for (config, concurrency), rows in sorted(cells.items(), key=lambda item: (item[0][1], item[0][0])):
-        steps = sorted(row["tpot_s"] * row["tau"] * 1000 for row in rows)
         entries.append({
-            "config": config, "concurrency": concurrency, "step_ms": steps[len(steps) // 2],
-            "tau": _mid(row["tau"] for row in rows), "output_tok_s": _mid(row["output_tok_s"] for row in rows),
+            "config": config, "concurrency": concurrency,
+            "step_ms": statistics.median_high(row["tpot_s"] * row["tau"] * 1000 for row in rows),
+            "tau": statistics.median_high(row["tau"] for row in rows),
+            "output_tok_s": statistics.median_high(row["output_tok_s"] for row in rows),
             "simulated_tau": simulated.get(config, simulated.get(config.split()[0])),
         })  # fmt: skip
     return entries
-
-
-def _mid(values) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def projected_tok_s(entry: dict, tau: float) -> float:

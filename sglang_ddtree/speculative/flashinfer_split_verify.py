@@ -89,6 +89,7 @@ class TreeBlock:
     mask_indptr: torch.Tensor  # int32 [bs + 1]
     zero_lens: torch.Tensor  # int32 [bs]: the block has no prefix columns
     query_indptr: torch.Tensor  # int32 [bs + 1] on the device: N queries per request (the paged part's too)
+    query_indptr_host: torch.Tensor  # the same on the host, for the paged part's plan
 
     def write_mask(self, ancestor_bits: Optional[torch.Tensor]) -> None:
         """The batch's N x N masks from the trees' ancestor bits (graph padding rows see every tree key). Without
@@ -118,6 +119,7 @@ def _new_tree_block(updater: Any, bs: int, nodes: int) -> TreeBlock:
         mask_indptr=_host_indptr(bs, tree_block_mask_bytes(nodes)).to(device),
         zero_lens=torch.zeros(bs, dtype=torch.int32, device=device),
         query_indptr=indptr,
+        query_indptr_host=_host_indptr(bs, nodes),
     )
     block.wrapper = BatchPrefillWithRaggedKVCacheWrapper(
         backend.workspace_buffer, "NHD", use_cuda_graph=True, backend="fa2", qo_indptr_buf=indptr,
@@ -125,7 +127,7 @@ def _new_tree_block(updater: Any, bs: int, nodes: int) -> TreeBlock:
     )  # fmt: skip
     # From host indptrs: nothing read back. The plan writes bit offsets into mask_indptr, put back to bytes below.
     block.wrapper.plan(
-        _host_indptr(bs, block.nodes), _host_indptr(bs, block.nodes), updater.num_qo_heads, updater.num_kv_heads,
+        block.query_indptr_host, block.query_indptr_host, updater.num_qo_heads, updater.num_kv_heads,
         updater.head_dim, packed_custom_mask=block.mask, causal=False, q_data_type=updater.q_data_type,
         kv_data_type=updater.data_type, non_blocking=True,
     )  # fmt: skip
@@ -185,7 +187,6 @@ def plan_split_tree_verify(updater: Any, arguments: dict) -> None:
         updater.req_to_token, req_pool_indices, prefix_lens, kv_indptr, None, kv_indices, updater.req_to_token.shape[1]
     )
     tree_block = _tree_block(updater, wrapper, bs, nodes)
-    qo_host = _host_indptr(bs, nodes)
     qo_indptr = arguments["qo_indptr"][: bs + 1]
     qo_indptr.copy_(tree_block.query_indptr)  # device to device: no pageable host copy in the step
     layout = dict(num_qo_heads=updater.num_qo_heads, num_kv_heads=updater.num_kv_heads, head_dim_qk=updater.head_dim,
@@ -197,8 +198,9 @@ def plan_split_tree_verify(updater: Any, arguments: dict) -> None:
         kv_indptr_host = torch.zeros(bs + 1, dtype=torch.int32)
         torch.cumsum(prefix_host, 0, out=kv_indptr_host[1:])
         fast_prefill_plan(
-            wrapper, qo_indptr, kv_indptr, kv_indices, last_page_len, **layout, qo_indptr_host=qo_host,
-            kv_indptr_host=kv_indptr_host, kv_lens_host=prefix_host, max_q_len=nodes, max_kv_len=int(prefix_host.max()),
+            wrapper, qo_indptr, kv_indptr, kv_indices, last_page_len, **layout,
+            qo_indptr_host=tree_block.query_indptr_host, kv_indptr_host=kv_indptr_host, kv_lens_host=prefix_host,
+            max_q_len=nodes, max_kv_len=int(prefix_host.max()),
         )  # fmt: skip
         _counts["split_verify_plans_from_host_lengths"] += 1
     else:
