@@ -3,7 +3,7 @@
     python -m bench.side_by_side --model-path P [--draft-model-path D] --algos ar,mtp,dflash,ddtree \\
         [--budgets 16,32,64] [--concurrency 1,4,16] [--temperatures 0,1] [--datasets mt_bench,humaneval] \\
         [--num-prompts N] [--max-new-tokens 256] [--tp 2] [--profile-steps] [--ignore-eos] \\
-        [--simulate-tau mtp=3.6,dflash=3.1,ddtree=4] [--random-prompt-len 1024] --out DIR [--resume] \\
+        [--simulate-tau mtp=3.6,dflash=3.1,ddtree=4] [--random-prompt-len 1024] [--rounds R] --out DIR [--resume] \\
         [-- shared SGLang server flags ...]
 
 Each configuration (one per algorithm; DDTree once per budget) is first checked by the launcher's
@@ -27,8 +27,10 @@ A step's cost depends on shapes, not weights: on a random-weight target (``--loa
 ``--simulate-tau ALGO=MEAN`` makes that algorithm's servers commit a drawn length of mean MEAN per verify (SGLang's
 cost-only ``SGLANG_SIMULATE_ACC_LEN``; DDTREE along each tree's best branch, or per request from the histogram
 file in ``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``), with ``--ignore-eos`` so that every request runs its length;
-the report names the simulated configurations. ``--datasets random --random-prompt-len N`` sends N-token
-prompts of seeded random token ids (``--num-prompts`` of them) instead of MT-Bench/HumanEval.
+the report names the simulated configurations and compares their outputs with nothing (AR's top-2 pass is
+skipped). ``--datasets random --random-prompt-len N`` sends N-token prompts of seeded random token ids
+(``--num-prompts`` of them) instead of MT-Bench/HumanEval. ``--rounds R``: each cell sends only its first R x
+concurrency prompts, so that cells at every concurrency take about R requests' time.
 
 Writes ``side_by_side.json`` (every raw number and the exact commands), ``side_by_side.md`` and PNG plots,
 after every configuration; ``--resume`` keeps the configurations already in ``DIR`` and measures the others
@@ -138,10 +140,12 @@ def add_speedups(rows: list[dict]) -> None:
             row[f"speedup_vs_{base}"] = ratio
 
 
-def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tuple]]) -> list[dict]:
+def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tuple]],
+                       simulated: Sequence[str] = ()) -> list[dict]:  # fmt: skip
     """Greedy outputs that differ from AR's at the same concurrency (AR's own outputs at other concurrencies
     are compared with its lowest one: the batch-shape noise floor): prompt, configuration, first differing
-    position and AR's top-1/top-2 log-probability margin there.
+    position and AR's top-1/top-2 log-probability margin there. Configurations in ``simulated`` (cost-only
+    acceptance: their tokens are not the target's) are not compared.
 
     ``ar_top2[prompt_id][i]`` is ``(top-1, top-2 log-probability, chosen token)`` at token ``i`` of AR's untimed
     logprob pass. That pass can itself take another path at a near tie; a margin is reported only where the
@@ -153,7 +157,7 @@ def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tup
     for prompt_id, concurrency in sorted(ar):
         lowest.setdefault(prompt_id, concurrency)
     found = []
-    for r in greedy:
+    for r in (r for r in greedy if r.config not in simulated):
         base = lowest.get(r.prompt_id) if r.config == "ar" else r.concurrency
         want = ar.get((r.prompt_id, base))
         if want is None or r.output_ids == want or (r.config == "ar" and r.concurrency == base):
@@ -258,7 +262,8 @@ def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: d
                  step_profiles: Sequence[dict] = ()) -> dict:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    divergences = greedy_divergences(records, ar_top2)
+    simulated = [r.config for r in records if simulation_env(r.config, meta.get("simulated_tau") or {})]
+    divergences = greedy_divergences(records, ar_top2, simulated)
     report = {"meta": meta, "summary": rows, "divergences": divergences, "step_profiles": list(step_profiles),
               "requests": [asdict(r) for r in records], "ar_top2": ar_top2}  # fmt: skip
     report["plots"] = plots(rows, out)
@@ -446,6 +451,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="tokens per prompt of --datasets random")  # fmt: skip
     parser.add_argument("--resume", action="store_true",
                         help="keep the configurations already measured in --out and run only the others")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="each cell sends its first ROUNDS x concurrency prompts (0: every prompt in every cell): "
+                        "cells of similar length at every concurrency")  # fmt: skip
     args = parser.parse_args(own)
     unknown = sorted(set(args.algos) - set(ALGORITHMS))
     if unknown:
@@ -463,6 +471,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
     if "random" in args.datasets and (args.num_prompts < 1 or args.random_prompt_len < 1):
         parser.error("--datasets random needs --num-prompts and --random-prompt-len of at least 1")
+    if args.rounds < 0:
+        parser.error("--rounds takes a non-negative integer")
     return args, shared
 
 
@@ -537,6 +547,10 @@ def main(argv: Optional[list[str]] = None) -> None:
         prompts += random_prompts(args.num_prompts, args.random_prompt_len, args.model_path, tokenizer)
     warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
                                 for i, p in enumerate(WARMUP_PROMPTS)], tokenizer)  # fmt: skip
+    if args.rounds and len(prompts) < args.rounds * max(args.concurrency):
+        print(f"python -m bench.side_by_side: error: --rounds {args.rounds} at concurrency {max(args.concurrency)} "
+              f"needs {args.rounds * max(args.concurrency)} prompts; the datasets give {len(prompts)}", file=sys.stderr)
+        sys.exit(2)
     records, ar_top2, commands, step_profiles = resumed(out) if args.resume else ([], {}, {}, [])
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
@@ -545,7 +559,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             "auto_budget_cells": previous_auto_budget_cells(out) if args.resume else []}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
     todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
-    with tqdm(total=len(todo) * len(cells) * len(prompts), unit="req") as progress:
+    cell_prompts = {c: prompts[: args.rounds * c] if args.rounds else prompts for c in args.concurrency}
+    with tqdm(total=len(todo) * sum(len(cell_prompts[c]) for _, c in cells), unit="req") as progress:
         for config, launch_args in todo.items():
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
             log = str(out / f"server_{config.replace(' ', '_')}.log")
@@ -555,15 +570,15 @@ def main(argv: Optional[list[str]] = None) -> None:
                     if config not in attached else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
                 flush_prefix_cache(url)
-                if config == "ar" and 0.0 in args.temperatures:
+                if config == "ar" and 0.0 in args.temperatures and not args.simulate_tau:
                     ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
                 for temperature, concurrency in cells:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
                     warm_up_cell(url, config, warmup, temperature, concurrency)
                     before = server_step_profile(url) if profile else None
                     auto_before = server_state(url, "ddtree_budget_auto") if config == "ddtree auto" else None
-                    records += run_cell(url, config, prompts, temperature, concurrency, args.max_new_tokens,
-                                        args.ignore_eos)  # fmt: skip
+                    records += run_cell(url, config, cell_prompts[concurrency], temperature, concurrency,
+                                        args.max_new_tokens, args.ignore_eos)  # fmt: skip
                     if config == "ddtree auto":
                         meta["auto_budget_cells"].append(auto_budget_cell(url, temperature, concurrency, auto_before))
                     if before is not None:
@@ -571,7 +586,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                         step_profiles.append({"config": config, "datasets": args.datasets, "temperature": temperature,
                                               "concurrency": concurrency, "steps": after["steps"] - before["steps"],
                                               "phase_ms": phase_means(before, after)})  # fmt: skip
-                    progress.update(len(prompts))
+                    progress.update(len(cell_prompts[concurrency]))
             # After every configuration, so that a run cut short (or resumed later) keeps what it measured.
             write_report(out, meta, records, ar_top2, step_profiles)
     print((out / "side_by_side.md").read_text())

@@ -56,3 +56,23 @@ def test_outputs_stay_at_fixed_addresses_up_to_the_largest_captured_batch():
     bigger, _, bigger_hidden = head_and_inputs(bs=6, max_bs=4, seed=1)
     tree = bigger(bigger_hidden)
     assert tree.parent.shape == (6, BUDGET) and tree.parent.data_ptr() != bigger.tree(4).parent.data_ptr()
+
+
+def test_under_the_acceptance_simulation_the_most_probable_branch_spans_the_block():
+    """Flat drafter distributions (a random-weight drafter's) make a best-first tree a star: every second
+    candidate at depth 1 outscores a depth-2 path. With ``certain_top1`` (set while simulating acceptance) the
+    first ``BLOCK - 1`` nodes are each depth's top candidate, a chain under the root, and the rest of the budget
+    goes to siblings in the drafter's order; the candidates themselves are the drafter's."""
+    bs = 2
+    gen = torch.Generator().manual_seed(3)
+    weight = (torch.randn(PADDED_VOCAB, HIDDEN, generator=gen) * 1e-3).to(DEVICE)
+    hidden = (torch.randn(bs * BLOCK, HIDDEN, generator=gen) * 1e-3).to(DEVICE)
+    flat = DDTreeDraftHead(weight, VOCAB, 0, BLOCK, BUDGET, topk=BUDGET, max_bs=bs)(hidden)
+    assert flat.depth.max() == 1  # a star: the branch ends at depth 1
+    head = DDTreeDraftHead(weight, VOCAB, 0, BLOCK, BUDGET, topk=BUDGET, max_bs=bs, certain_top1=True)
+    tree = head(hidden)
+    chain = BLOCK - 1
+    assert tree.depth[:, :chain].tolist() == [list(range(1, BLOCK))] * bs
+    assert tree.parent[:, :chain].tolist() == [list(range(chain))] * bs  # tree node k + 1 (root 0) under node k
+    assert torch.equal(tree.token[:, :chain], tree.top_tokens[:, :, 0])
+    assert torch.equal(tree.top_tokens, flat.top_tokens)

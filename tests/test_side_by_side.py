@@ -285,6 +285,49 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
                      for step in [("warm-up", t, c, max(c, 2)), "flush", ("measure", t, c, 1)]]  # fmt: skip
 
 
+def test_rounds_send_rounds_times_concurrency_prompts_per_cell_and_simulated_runs_skip_ars_logprob_pass(
+        tmp_path, monkeypatch):  # fmt: skip
+    """``--rounds 2``: each cell sends its first 2 x concurrency prompts, so a cell at concurrency 1 is as long as
+    one at 16 (at the user's shape, every prompt at concurrency 1 would take minutes per configuration). With
+    simulated acceptance AR's untimed top-2 pass is skipped: the simulated outputs are not compared with AR's."""
+    import contextlib
+
+    measured, top2_passes = [], []
+    monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
+    monkeypatch.setattr(side_by_side, "random_prompts", lambda count, length, model, tokenizer: [
+        {"id": f"random/{i}", "dataset": "random", "prompt": None, "input_ids": [1] * length} for i in range(count)])
+    monkeypatch.setattr(side_by_side, "tokenized_prompts", lambda rows, path: [{**r, "input_ids": [1]} for r in rows])
+    monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
+    monkeypatch.setattr(side_by_side, "ar_top2_logprobs", lambda url, prompts, n: top2_passes.append(url) or {})
+    monkeypatch.setattr(side_by_side, "flush_prefix_cache", lambda url: None)
+
+    def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens, ignore_eos=False):
+        if prompts[0]["dataset"] != "warmup":
+            measured.append((config, concurrency, [p["id"] for p in prompts]))
+        return []
+
+    monkeypatch.setattr(side_by_side, "run_cell", fake_run_cell)
+    monkeypatch.setattr(side_by_side, "write_report", lambda *a: (tmp_path / "side_by_side.md").write_text(""))
+    argv = ["--model-path", "m", "--draft-model-path", "d", "--algos", "ar,mtp", "--concurrency", "1,4",
+            "--temperatures", "0", "--datasets", "random", "--num-prompts", "9", "--random-prompt-len", "3",
+            "--rounds", "2", "--out", str(tmp_path)]  # fmt: skip
+    side_by_side.main([*argv, "--simulate-tau", "mtp=3.5"])
+    assert [(config, c, len(ids)) for config, c, ids in measured] == [("ar", 1, 2), ("ar", 4, 8), ("mtp", 1, 2),
+                                                                      ("mtp", 4, 8)]  # fmt: skip
+    assert measured[1][2] == [f"random/{i}" for i in range(8)] and top2_passes == []
+    measured.clear()
+    side_by_side.main(argv)
+    assert top2_passes == ["http://server"]
+    with pytest.raises(SystemExit) as exit_info:
+        side_by_side.main([*argv[:-2], "--rounds", "3", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+
+
+def test_simulated_configurations_are_not_compared_with_ars_outputs():
+    records = [record("ar", "p", ids=(1, 2, 3)), record("mtp", "p", ids=(1, 9, 9)), record("dflash", "p", ids=(1, 9))]
+    assert [d["config"] for d in side_by_side.greedy_divergences(records, {}, simulated=["mtp"])] == ["dflash"]
+
+
 def test_the_auto_budget_widths_of_each_cell_are_reported_as_a_histogram():
     cells = [{"temperature": 0.0, "concurrency": 8, "widths": [1, 2, 33], "steps": [30, 0, 10],
               "measured_step_ms": {"8": [1.5, 1.6, 4.0]}}]  # fmt: skip

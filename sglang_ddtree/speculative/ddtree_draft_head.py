@@ -49,6 +49,12 @@ class DDTreeDraftHead:
         budget: tree nodes per request, root excluded.
         topk: candidates per depth.
         tp_group: SGLang's TP group coordinator when the vocabulary is sharded, else None.
+        certain_top1: under the cost-only acceptance simulation (``ddtree_simulation``): score each depth's top
+            candidate as certain (log-probability 0). A random-weight drafter's distributions are flat, so its
+            best-first trees are stars (a second candidate at depth 1 outscores any depth-2 path) whose most
+            probable branch ends at depth 1 and caps a simulated acceptance at 2; with this the branch spans the
+            whole block and the rest of the budget goes to siblings in the drafter's order. Same kernels, same
+            cost.
     """
 
     def __init__(
@@ -61,12 +67,14 @@ class DDTreeDraftHead:
         topk: int,
         max_bs: int,
         tp_group=None,
+        certain_top1: bool = False,
     ) -> None:
         self.weight = lm_head_weight
         self.vocab_count, self.vocab_start = int(vocab_count), int(vocab_start)
         self.block_size, self.budget, self.topk = int(block_size), int(budget), int(topk)
         self.max_bs = int(max_bs)
         self.tp_group = tp_group
+        self.certain_top1 = certain_top1
         # Only the outputs need fixed addresses (the worker reads them after a replay); intermediates allocated
         # during capture live in the graph's memory pool.
         self._buffers = self._allocate(max(self.max_bs, 1), lm_head_weight.device)
@@ -102,6 +110,8 @@ class DDTreeDraftHead:
             gathered = self.tp_group.all_gather(payload.unsqueeze(0), dim=0)  # [ranks, bs, L, K + 1]
             merge_topk_payloads(gathered.contiguous(), self.topk, out_logprobs=out.top_logprobs,
                                 out_tokens=out.top_tokens)  # fmt: skip
+        if self.certain_top1:
+            out.top_logprobs[:, :, 0].zero_()
         build_tree(out.top_logprobs, out.top_tokens, self.budget,
                    out=(out.parent, out.token, out.depth, out.path_logprob))  # fmt: skip
         return out

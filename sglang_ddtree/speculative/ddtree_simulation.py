@@ -7,7 +7,9 @@ in a chain's layout (and commits token 100, past a small vocabulary). On a DDTRE
 that helper (AROUND ``spec_utils.generate_simulated_accept_index``, which the verify imports at each call): each
 verify commits the first ``L`` nodes of the tree's most probable branch (root, then each node's first child: the
 best-ranked one in pop order), shorter where that branch ends, with the branch's drafted tokens and the root's
-token as the bonus. The target still verifies the whole
+token as the bonus. The draft head scores each depth's top candidate as certain while simulating
+(``DDTreeDraftHead(certain_top1=True)``): a random-weight drafter's flat distributions would build star trees whose
+best branch ends at depth 1, capping every simulated length at 2. The target still verifies the whole
 tree, and the KV, GDN-state and draft-context commits run on the path as they would on an accepted one: the step
 costs what a real one does. The committed tokens are not the target's: the server logs that it is simulating,
 ``/server_info`` reports ``ddtree_simulated_acceptance``, and nothing of it is lossless.

@@ -117,6 +117,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.candidates_per_depth = min(self.budget, self.vocab_size)
         self._lm_head_shard = _lm_head_vocab_shard(self.target_worker.model_runner.model.lm_head)
         self._check_tp_trees = tp_tree_check_requested()
+        self._simulating = simulated_acceptance_mean() > 0
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
         self._cuda_graphs = not server_args.disable_cuda_graph
@@ -133,7 +134,6 @@ class DDTreeWorker(DFlashWorkerV2):
         # None: a fixed budget.
         self._auto_budget = AutoBudget.from_environment(self.tree_width, self.device, agree=_mean_over_tp_ranks)
         self._verify_graphs: Optional[VerifyGraphsPerWidth] = None  # captured in init_cuda_graphs under auto
-        self._simulating = simulated_acceptance_mean() > 0
         check_simulation_settings(simulated_acceptance_mean())
         if self._simulating:
             logger.warning("DDTREE simulates acceptance (SGLANG_SIMULATE_ACC_LEN=%s, along each tree's best branch): "
@@ -185,7 +185,7 @@ class DDTreeWorker(DFlashWorkerV2):
         return DDTreeDraftHead(
             lm_head.weight, vocab_count, vocab_start, int(self.block_size), self.budget,
             topk=self.candidates_per_depth, max_bs=max_bs,
-            tp_group=get_tp_group() if self._lm_head_shard is not None else None,
+            tp_group=get_tp_group() if self._lm_head_shard is not None else None, certain_top1=self._simulating,
         )  # fmt: skip
 
     def forward_batch_generation(
