@@ -39,6 +39,7 @@ def report_plugin_in_internal_state(
     """
     from sglang_ddtree.speculative.ddtree_auto_budget import auto_budget_report
     from sglang_ddtree.speculative.ddtree_cuda_graph import graph_draft_check_report, graph_verify_check_report
+    from sglang_ddtree.speculative.ddtree_greedy_verify import lean_verify_report
     from sglang_ddtree.profiling.ddtree_host_profile import host_profile_report
     from sglang_ddtree.profiling.ddtree_step_profile import step_profile_report
     from sglang_ddtree.profiling.ddtree_trace_ranges import host_ranges_report
@@ -58,6 +59,7 @@ def report_plugin_in_internal_state(
                          ("ddtree_flashinfer_plans", sync_free_plan_report()),
                          ("ddtree_split_verify_attention", split_verify_report()),
                          ("ddtree_gdn_wy_verify", wy_verify_report()),
+                         ("ddtree_lean_verify", lean_verify_report()),
                          ("ddtree_simulated_acceptance", simulation_report()),
                          ("ddtree_budget_auto", auto_budget_report())):  # fmt: skip
         if report is not None:

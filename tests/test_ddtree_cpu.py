@@ -69,15 +69,43 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
         assert accepted_drafts > 0  # otherwise this test could not tell a tree verify from a bonus-only one
 
 
+LEAN_VERIFY = {"SGLANG_DDTREE_LEAN_VERIFY": "1"}
+
+
+def test_the_lean_greedy_verify_is_greedy_exact_and_sampled_batches_take_sglangs(models, ar_outputs):
+    """``SGLANG_DDTREE_LEAN_VERIFY=1`` (``ddtree_greedy_verify``): all-greedy batches are verified by the package's
+    own acceptance kernel, token-identical to AR alone and four at a time; the one sampled request (sent last,
+    alone) goes through SGLang's EAGLE verify, which the server's tally shows."""
+    target, drafter = models
+    sampled = {**GREEDY, "temperature": 1.0, "top_k": 8}
+    params = [GREEDY] * (len(PROMPTS) - 1) + [sampled]
+    report = run_engine_generate(
+        {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+         "speculative_num_draft_tokens": 9},
+        PROMPTS, params, modes=("sequential", "concurrent"), env=LEAN_VERIFY,
+    )  # fmt: skip
+    assert report["sequential"]["output_ids"][:-1] == ar_outputs[:-1]
+    assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
+    # batch verifies, the engine's warm-up request's and the concurrent batch's included
+    verifies = report["scheduler_states"][0]["ddtree_lean_verify"]
+    greedy_verifies = sum(meta["spec_verify_ct"] for meta in report["sequential"]["meta_info"][:-1])
+    sampled_verifies = report["sequential"]["meta_info"][-1]["spec_verify_ct"]
+    assert verifies["lean"] >= greedy_verifies > 0 and verifies["sglang"] >= sampled_verifies > 0, verifies
+    modes = ("sequential", "concurrent")
+    assert accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], BLOCK_SIZE) > 0
+
+
 AUTO_WIDTHS = [1, 2, 4, 9]  # the widest, 9, is the server's tree: budget 8
 # Alone, narrow trees pay (width 9 costs 3x); four at a time, nothing beats a bonus-only verify.
 AUTO_STEP_MS = {1: [1.0, 1.02, 1.05, 3.0], 4: [1.0, 1000.0, 1000.0, 1000.0]}
 
 
-def test_budget_auto_is_greedy_exact_at_every_width_it_picks(models, ar_outputs, tmp_path):
+@pytest.mark.parametrize("verify", ["sglang", "lean"])
+def test_budget_auto_is_greedy_exact_at_every_width_it_picks(models, ar_outputs, tmp_path, verify):
     """``--budget auto``: each step verifies the first ``w - 1`` popped nodes of the widest tree (or, at width 1,
     the bonus token alone with the drafter skipped), ``w`` chosen from the step time table and the trees' path
-    probabilities; whatever it picks, the output is AR's, and the server tallies the widths it verified."""
+    probabilities; whatever it picks, the output is AR's, and the server tallies the widths it verified. With
+    SGLang's EAGLE verify, and with the package's greedy one (``SGLANG_DDTREE_LEAN_VERIFY``)."""
     target, drafter = models
     table = tmp_path / "steps.json"
     table.write_text(json.dumps({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS),
@@ -85,9 +113,12 @@ def test_budget_auto_is_greedy_exact_at_every_width_it_picks(models, ar_outputs,
     report = run_engine_generate(
         {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
          "speculative_num_draft_tokens": AUTO_WIDTHS[-1]},
-        PROMPTS, GREEDY, modes=("sequential", "concurrent"), env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table)},
+        PROMPTS, GREEDY, modes=("sequential", "concurrent"),
+        env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), **(LEAN_VERIFY if verify == "lean" else {})},
     )  # fmt: skip
     assert report["sequential"]["output_ids"] == ar_outputs
+    if verify == "lean":
+        assert report["scheduler_states"][0]["ddtree_lean_verify"]["sglang"] == 0
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
     auto = report["scheduler_states"][0]["ddtree_budget_auto"]
     assert auto["widths"] == AUTO_WIDTHS and auto["table"] == str(table)
@@ -148,7 +179,8 @@ def test_tensor_parallel_ranks_measure_one_step_time_row_and_pick_the_same_width
     assert list(auto["measured_step_ms"]) == ["1"], auto
 
 
-def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models):
+@pytest.mark.parametrize("verify", ["sglang", "lean"])
+def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models, verify):
     """``SGLANG_SIMULATE_ACC_LEN`` on DDTREE (cost-only, issue 18): SGLang's "match-expected" draw at 3.5 commits 3
     or 4 tokens per verify, half and half, along each tree's first-child branch. The test drafter's random weights
     give flat distributions, whose best-first trees are stars (a branch of one draft: at most 2 tokens); under the
@@ -156,14 +188,15 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     and the requested mean is what the verifies commit. The server keeps serving on the committed tokens, and it
     says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges and the host profiler
     on: each verify's phases and SGLang's verify functions inside it are timed once per verify, and the profile
-    finds the worker's step and SGLang's verify inside the decode iterations."""
+    finds the worker's step and SGLang's verify inside the decode iterations. The package's greedy verify
+    (``SGLANG_DDTREE_LEAN_VERIFY``) simulates in its acceptance kernel, and SGLang's sampling is never called."""
     target, drafter = models
     engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
               "speculative_num_draft_tokens": 9}  # fmt: skip
     params = {**GREEDY, "max_new_tokens": 40}
     report = run_engine_generate(engine, PROMPTS, params,
                                  env={"SGLANG_SIMULATE_ACC_LEN": "3.5", "SGLANG_DDTREE_TRACE_RANGES": "1",
-                                      "SGLANG_DDTREE_HOST_PROFILE": "1"})  # fmt: skip
+                                      "SGLANG_DDTREE_HOST_PROFILE": "1", **(LEAN_VERIFY if verify == "lean" else {})})  # fmt: skip
     assert report["scheduler_states"][0]["ddtree_simulated_acceptance"]["mean_accept_length"] == 3.5
     metas = report["sequential"]["meta_info"]
     assert all(meta["completion_tokens"] == params["max_new_tokens"] for meta in metas)
@@ -173,24 +206,30 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     # cut by max_new_tokens (at most one per request, ~11 verifies each)
     assert 2.5 - 0.35 <= drafts_per_verify <= 2.5 + 0.25, (drafts_per_verify, verifies)
     host = report["scheduler_states"][0]["ddtree_host_ranges"]  # the server's warm-up verifies included
-    phases = ("_draft_block", "run_eagle_verify", "eagle_prepare_for_verify", "eagle_sample",
-              "finalize_accept_tree_path", "_append_committed_to_draft_kv")
-    assert len({host[phase]["calls"] for phase in phases}) == 1 and host["run_eagle_verify"]["calls"] >= verifies
+    verify_range = "run_eagle_verify" if verify == "sglang" else "run_greedy_tree_verify"
+    inside = ("eagle_sample", "finalize_accept_tree_path") if verify == "sglang" else ("accept_tree_greedy",)
+    phases = ("_draft_block", verify_range, "eagle_prepare_for_verify", *inside, "_append_committed_to_draft_kv")
+    verify_calls = host[verify_range]["calls"]
+    assert len({host[phase]["calls"] for phase in phases}) == 1 and verify_calls >= verifies
     # the draft-context append also runs after each prefill
-    assert host["append_target_hidden_to_draft_kv"]["calls"] > host["run_eagle_verify"]["calls"]
-    assert 0 < host["eagle_sample"]["total_ms"] < host["run_eagle_verify"]["total_ms"] < host["run_batch"]["total_ms"]
-    # inside the tree path's compaction: one KV move, and the predictions and hidden states gathered to the front
-    assert host["move_accepted_kv"]["calls"] == host["run_eagle_verify"]["calls"]
-    assert host["compact_accept_to_front"]["calls"] == 2 * host["run_eagle_verify"]["calls"]
+    assert host["append_target_hidden_to_draft_kv"]["calls"] > verify_calls
+    assert 0 < host[inside[0]]["total_ms"] < host[verify_range]["total_ms"] < host["run_batch"]["total_ms"]
+    assert host["move_accepted_kv"]["calls"] == verify_calls  # one KV move per verify
+    # SGLang's path gathers the predictions and hidden states to the front of each block; the lean one neither
+    assert host.get("compact_accept_to_front", {"calls": 0})["calls"] == (2 * verify_calls if verify == "sglang" else 0)
     assert host["draft_project_target_hidden"]["calls"] == host["append_target_hidden_to_draft_kv"]["calls"]
     profile = report["scheduler_states"][0]["ddtree_host_profile"]
     [step] = [row for label, row in profile["functions"].items()  # [calls, own ms]
               if label.startswith("sglang_ddtree/speculative/ddtree_worker.py:")
               and label.endswith("(forward_batch_generation)")]
-    [sample] = [row for label, row in profile["functions"].items()
-                if label.startswith("sglang/srt/speculative/eagle_utils.py:") and label.endswith("(eagle_sample)")]
-    assert step[0] == profile["iterations"] == host["run_eagle_verify"]["calls"]  # one tree verify per decode step
-    assert sample[0] == step[0] and sample[1] > 0
+    samples = [row for label, row in profile["functions"].items()
+               if label.startswith("sglang/srt/speculative/eagle_utils.py:") and label.endswith("(eagle_sample)")]
+    assert step[0] == profile["iterations"] == verify_calls  # one tree verify per decode step
+    if verify == "sglang":
+        assert samples[0][0] == step[0] and samples[0][1] > 0
+    else:
+        assert samples == [] and "eagle_sample" not in host
+        assert report["scheduler_states"][0]["ddtree_lean_verify"] == {"lean": verify_calls, "sglang": 0}
 
 
 def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():

@@ -97,6 +97,7 @@ def launches() -> list[dict]:
     from triton.runtime.interpreter import InterpretedFunction
 
     import test_gdn_tree_kernels as gdn
+    import test_tree_accept as accept
     import test_tree_kernels as tree
     import test_tree_mask_packed as packed
 
@@ -118,6 +119,9 @@ def launches() -> list[dict]:
         tree.test_the_first_child_branch_kernel_walks_each_trees_chain_as_the_plain_loop_does(per_request=True)
         packed.test_a_request_sees_its_whole_prefix_and_exactly_its_ancestors()
         gdn.test_commit_of_the_root_alone_is_one_recurrence_step()
+        accept.test_the_kernel_accepts_the_path_sglangs_sibling_walk_accepts(bs=4, depth=15, vocab=1000, budget=64)
+        accept.test_under_the_simulation_the_first_child_chain_is_committed_up_to_the_drawn_length(per_request=False)
+        accept.test_under_the_simulation_the_first_child_chain_is_committed_up_to_the_drawn_length(per_request=True)
     finally:
         InterpretedFunction.run = original_run
     return list(recorded.values())

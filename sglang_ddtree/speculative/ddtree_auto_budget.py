@@ -38,7 +38,8 @@ EAGLE_SAMPLE = "sglang.srt.speculative.eagle_worker_common.eagle_sample"
 
 
 class _LastVerify:
-    """``[bs, depth]`` flat node indices (``b * N + node``, -1 padding) that the last ``eagle_sample`` accepted."""
+    """``[bs, depth]`` flat node indices (``b * N + node``, -1 padding) that the last verify accepted: SGLang's
+    ``eagle_sample`` (kept by the hook below) or the package's greedy verify (``ddtree_greedy_verify``)."""
 
     accept_index: Optional[torch.Tensor] = None
 

@@ -119,19 +119,24 @@ def best_branch_accept_index(next_token: torch.Tensor, length: Union[int, torch.
     return first_child_branch(next_token, length, width)
 
 
+def simulated_lengths(batch_size: int, width: int, device: torch.device) -> Union[int, torch.Tensor]:
+    """This verify's committed lengths: one per request from the histogram file (``[bs]`` on ``device``), else
+    one for the batch drawn around SGLang's mean as SGLang draws it; at most ``width``."""
+    from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD, _sample_simulated_acc_len
+
+    histogram = simulated_length_histogram()
+    if histogram is not None:
+        return draw_lengths(histogram, batch_size, width).to(device, non_blocking=True)
+    return _sample_simulated_acc_len(float(SIMULATE_ACC_LEN), SIMULATE_ACC_METHOD, width)
+
+
 def simulate_acceptance_along_the_best_branch(original: Callable[..., torch.Tensor], **kwargs: Any) -> torch.Tensor:
     """AROUND SGLang's ``generate_simulated_accept_index`` (called with keywords only) on a DDTREE server."""
-    from sglang.srt.speculative.spec_utils import SIMULATE_ACC_METHOD, _sample_simulated_acc_len
-
     next_token = CURRENT_TREE.next_token
     if next_token is None:
         return original(**kwargs)
     width = kwargs["spec_steps"] + 1
-    histogram = simulated_length_histogram()
-    if histogram is not None:
-        length = draw_lengths(histogram, next_token.shape[0], width).to(next_token.device, non_blocking=True)
-    else:
-        length = _sample_simulated_acc_len(kwargs["simulate_acc_len"], SIMULATE_ACC_METHOD, width)
+    length = simulated_lengths(next_token.shape[0], width, next_token.device)
     index = best_branch_accept_index(next_token, length, width)
     accepted = index >= 0
     kwargs["num_correct_drafts"].copy_(accepted.sum(1) - 1)

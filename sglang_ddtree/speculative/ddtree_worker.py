@@ -16,7 +16,10 @@ Per decode step, for a batch of requests with independent trees:
    three before the draft and four after it.
 3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
    tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
-   accepted nodes' KV to the front and commits the recurrent state of hybrid models.
+   accepted nodes' KV to the front and commits the recurrent state of hybrid models. Under
+   ``SGLANG_DDTREE_LEAN_VERIFY=1`` all-greedy batches without grammar, penalties or logit bias take this package's
+   own verify instead (``ddtree_greedy_verify``: the same forward, KV move and state commit; the acceptance in one
+   kernel).
 4. Draft context: the target's hidden features of the committed tokens are written into the draft KV
    cache, as DFlash does for its chain.
 
@@ -55,6 +58,12 @@ from sglang_ddtree.profiling.ddtree_step_profile import STEP_PROFILE
 from sglang_ddtree.profiling.ddtree_trace_ranges import traced_range
 from sglang_ddtree.speculative.ddtree_auto_budget import AutoBudget
 from sglang_ddtree.speculative.ddtree_draft_head import DDTreeDraftHead, DraftTree
+from sglang_ddtree.speculative.ddtree_greedy_verify import (
+    count_verify,
+    lean_verify_requested,
+    lean_verify_serves,
+    run_greedy_tree_verify,
+)
 from sglang_ddtree.speculative.ddtree_info import DDTreeDraftBlockInput, DDTreeVerifyInput
 from sglang_ddtree.speculative.ddtree_simulation import (
     CURRENT_TREE,
@@ -118,6 +127,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._lm_head_shard = _lm_head_vocab_shard(self.target_worker.model_runner.model.lm_head)
         self._check_tp_trees = tp_tree_check_requested()
         self._simulating = simulated_acceptance_mean() > 0
+        self._lean_verify = lean_verify_requested()
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
         self._draft_head = self._make_draft_head(max_bs=0)
         self._cuda_graphs = not server_args.disable_cuda_graph
@@ -231,7 +241,44 @@ class DDTreeWorker(DFlashWorkerV2):
         if self._simulating:
             CURRENT_TREE.next_token = tree.retrieve_next_token
         timer.mark()
-        with traced_range("run_eagle_verify"), self._verifying(width):
+        with self._verifying(width):
+            result, committed_hidden = self._verify(batch, tree, width, grammar_barrier)
+        timer.mark()
+        if self._auto_budget is not None:
+            self._auto_budget.observe(drafted.path_logprob if drafted is not None else None, width)
+            if self._verify_graphs is not None:
+                self._verify_graphs.record(width, result.can_run_cuda_graph)
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        with traced_range("_append_committed_to_draft_kv"):
+            self._append_committed_to_draft_kv(batch, prefix_lens, result, width, committed_hidden)
+        timer.mark()
+        STEP_PROFILE.finish(timer)
+        self._publish_read_done()
+        result.logits_output.hidden_states = None  # not copied to the host under overlap scheduling
+        result.next_draft_input = make_draft_input_v2(
+            bonus_tokens=result.next_draft_input.bonus_tokens, new_seq_lens=result.new_seq_lens
+        )
+        return result
+
+    def _verify(
+        self, batch: ScheduleBatch, tree: DDTreeTensors, width: int, grammar_barrier
+    ) -> tuple[GenerationBatchResult, Optional[torch.Tensor]]:
+        """The tree verify: this package's greedy one where it is on and serves the batch
+        (``ddtree_greedy_verify``, which also returns the committed tokens' hidden states), else SGLang's EAGLE
+        tree verification (the hidden states compacted to the front of each block)."""
+        if self._lean_verify and lean_verify_serves(batch):
+            with traced_range("run_greedy_tree_verify"):
+                verified = run_greedy_tree_verify(
+                    batch, tree, target_worker=self.target_worker,
+                    req_to_token_pool=self.model_runner.req_to_token_pool,
+                    token_to_kv_pool_allocator=self.model_runner.token_to_kv_pool_allocator, width=width,
+                    simulating=self._simulating,
+                )  # fmt: skip
+            return verified.result, verified.committed_hidden
+        if self._lean_verify:
+            count_verify(lean=False)
+        with traced_range("run_eagle_verify"):
             result = run_eagle_verify(
                 batch,
                 target_worker=self.target_worker,
@@ -247,23 +294,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 finalize_tree_path=True,
                 grammar_barrier=grammar_barrier,
             )
-        timer.mark()
-        if self._auto_budget is not None:
-            self._auto_budget.observe(drafted.path_logprob if drafted is not None else None, width)
-            if self._verify_graphs is not None:
-                self._verify_graphs.record(width, result.can_run_cuda_graph)
-        if on_publish is not None:
-            on_publish(result.new_seq_lens)
-        with traced_range("_append_committed_to_draft_kv"):
-            self._append_committed_to_draft_kv(batch, prefix_lens, result, width)
-        timer.mark()
-        STEP_PROFILE.finish(timer)
-        self._publish_read_done()
-        result.logits_output.hidden_states = None  # not copied to the host under overlap scheduling
-        result.next_draft_input = make_draft_input_v2(
-            bonus_tokens=result.next_draft_input.bonus_tokens, new_seq_lens=result.new_seq_lens
-        )
-        return result
+        return result, None
 
     def _verifying(self, width: int) -> contextlib.AbstractContextManager:
         """The target's verify graphs and attention backend of ``width`` for the verify (the server's own at its
@@ -418,13 +449,18 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _append_committed_to_draft_kv(
-        self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult, tree_width: int
+        self, batch: ScheduleBatch, prefix_lens: torch.Tensor, result: GenerationBatchResult, tree_width: int,
+        committed_hidden: Optional[torch.Tensor],
     ) -> None:
-        """Write the target features of the committed tokens (compacted to the front of each request's
-        verify block of ``tree_width`` nodes, KV included) into the draft KV cache, at their final slots."""
+        """Write the target features of the committed tokens into the draft KV cache, at their final slots (their
+        KV is at the front of each request's verify block of ``tree_width`` nodes). The features: by depth in
+        ``committed_hidden`` (``[bs, W, H]``), or, from SGLang's verify, compacted to the front of each block."""
         bs = len(prefix_lens)
         width = min(tree_width, int(self.block_size))
-        hidden = result.logits_output.hidden_states.view(bs, tree_width, -1)[:, :width]
+        if committed_hidden is not None:
+            hidden = committed_hidden[:, :width]
+        else:
+            hidden = result.logits_output.hidden_states.view(bs, tree_width, -1)[:, :width]
         cache_loc_2d = batch.out_cache_loc.view(bs, tree_width)[:, :width]
         positions = prefix_lens.view(-1, 1) + torch.arange(width, device=prefix_lens.device)
         self._append_target_hidden_to_draft_kv_by_loc(
