@@ -106,6 +106,10 @@ def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_out
     record({"test": "ddtree_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0
+    if os.environ.get("SGLANG_DDTREE_LEAN_VERIFY") == "1":  # the servers inherit it: the package's greedy verify
+        lean = http_json(url + "/server_info")["internal_states"][0]["ddtree_lean_verify"]
+        record({"test": "ddtree_lean_verify", "kind": kind, "backend": backend, **lean})
+        assert lean["lean"] >= verifies / len(PROMPTS), lean  # at least one batch verify per 16 request verifies
     if kind == "ddtree_auto":
         assert_every_width_replayed_its_own_graphs(url, backend, AUTO_WIDTHS)
     if kind == "ddtree_measured":
