@@ -184,7 +184,7 @@ def measure(url: str, bs: int, prompt_len: int, new_tokens: int, seed: int) -> l
 
 KERNEL_CLASSES = (  # first match wins
     ("gdn", re.compile(r"delta_rule|gated_delta|causal_conv1d|gdn_gating|fused_recurrent|mamba_state|recompute_w_u|"
-                       r"solve_tril|chunk_scaled_dot|chunk_fwd", re.I)),
+                       r"solve_tril|chunk_scaled_dot|chunk_fwd|_gdn_tree_", re.I)),  # last: issue 17's kernels
     ("attention", re.compile(r"BatchPrefill|BatchDecode|MergeStates|fmha|flash_attn|_fwd_kernel|extend_attention|"
                              r"decode_attention", re.I)),
     ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|splitKreduce", re.I)),

@@ -55,7 +55,8 @@ def test_server_log_gives_the_gdn_state_sglang_allocated():
 
 def test_kernel_time_is_split_by_kind_per_step(tmp_path):
     events = [{"cat": "kernel", "name": n, "dur": d} for n, d in [
-        ("fused_sigmoid_gating_delta_rule_update_kernel", 800), ("_causal_conv1d_update_kernel", 200),
+        ("fused_sigmoid_gating_delta_rule_update_kernel", 600), ("_causal_conv1d_update_kernel", 200),
+        ("_gdn_tree_verify_kernel", 150), ("_gdn_tree_commit_kernel", 50),
         ("BatchPrefillWithPagedKVCacheKernel", 400), ("nvjet_tst_128x64_64x6_1x1_v_bz_TNN", 1200),
         ("void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>", 400)]]
     events += [{"cat": "cpu_op", "name": "aten::mm", "dur": 5000}]  # host time: not GPU kernel time
