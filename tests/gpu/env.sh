@@ -3,6 +3,14 @@
 # optionally .gpu/jitcache.tgz.part*. Defines pack_jit_cache DIR (pieces that fit the 16 MiB return limit).
 # The sourcing script sets OUT (its output folder); T0 starts its clock.
 T0=$(date +%s)
+# A call cut by its time limit leaves its servers holding the GPU on a machine kept warm for the next call (RESULTS
+# run 63: 132 GiB, the next server out of memory): end every process on the GPU first (by PID: a pattern would
+# match the calling shell's own command line). Once per call: a script that sourced this file and then runs another
+# that sources it again (run_suite.sh) may already have servers up.
+if [ -z "${DDTREE_GPU_ENV:-}" ]; then
+  nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | xargs -r kill -9 2>/dev/null
+fi
+export DDTREE_GPU_ENV=1
 SITE=/tmp/site JIT=/tmp/jit
 mkdir -p "$OUT" "$JIT"
 if [ ! -d "$SITE/sglang" ]; then
