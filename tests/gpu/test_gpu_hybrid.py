@@ -133,6 +133,11 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
     metas = check_greedy(servers, ar_outputs, kind, backend, "DDTREE")
     assert max(len(m["spec_accept_histogram"]) for m in metas) <= 8  # at most one node per drafted depth (block 8)
+    if os.environ.get("SGLANG_DDTREE_LEAN_VERIFY") == "1":  # the servers inherit it: the package's greedy verify
+        lean = http_json(url_of(servers, kind, backend) + "/server_info")["internal_states"][0]["ddtree_lean_verify"]
+        record({"test": "hybrid_lean_verify", "kind": kind, "backend": backend, **lean})
+        verifies = sum(m["spec_verify_ct"] for m in metas)
+        assert lean["lean"] >= verifies / len(metas), lean  # at least one batch verify per request's verifies
     if kind == "ddtree_auto":  # every width verified through graphs captured for it, each replay == eager re-run
         state = http_json(url_of(servers, kind, backend) + "/server_info")["internal_states"][0]
         auto, check = state["ddtree_budget_auto"], state["ddtree_graph_verify_check"]
