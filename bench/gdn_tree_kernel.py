@@ -7,7 +7,11 @@ verify from the root state, then the commit builds the accepted path's state. Pe
 ``triton.testing.do_bench``; the per-request scratch each needs; and the largest differences between the two
 (outputs, committed states) on the same bf16 inputs and fp32 states.
 
-    python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel
+    python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel [--launch-configs 32x4,16x4,64x8]
+
+``--launch-configs BVxWARPS,...`` also times our verify and commit at each launch (value columns per program x
+warps): at 128-dim heads a program holds [T, 128] fp32 query and key tiles, so register pressure may be what a
+launch decides.
 
 Shapes from Qwen3.6-27B's config (see ``bench/hybrid_verify_cost.py``): 16 key heads and 48 value heads of 128
 at TP 1 (``--tp 2`` halves the heads); trees random with parents among the last 4 nodes (bushy, DDTree-like)
@@ -36,7 +40,19 @@ def random_tree(T: int, shape: str, g: torch.Generator) -> list[int]:
     return random_parents(T, g)
 
 
-def measure(bs: int, T: int, shape: str, tp: int) -> dict:
+def launch_configs(text: str) -> list[tuple[int, int]]:
+    """argparse type: ``32x4,16x8`` -> ``[(32, 4), (16, 8)]`` (value columns per program, warps)."""
+    try:
+        configs = [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a list of BVxWARPS, e.g. 32x4,16x8") from None
+    if not configs or any(len(c) != 2 or c[0] < 16 or c[0] & (c[0] - 1) or c[1] not in (1, 2, 4, 8, 16)
+                          for c in configs):  # fmt: skip
+        raise argparse.ArgumentTypeError(f"'{text}': BV a power of two >= 16, WARPS one of 1, 2, 4, 8, 16")
+    return configs
+
+
+def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int]] = ()) -> dict:
     from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import fused_sigmoid_gating_delta_rule_update
 
     H, HV, K = KEY_HEADS // tp, VALUE_HEADS // tp, HEAD_DIM
@@ -85,9 +101,20 @@ def measure(bs: int, T: int, shape: str, tp: int) -> dict:
     times = {name: triton.testing.do_bench(fn, return_mode="median")
              for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
                               ("ours_verify", ours_verify), ("ours_commit", ours_commit))}  # fmt: skip
+    swept = {}
+    for block_v, warps in launches:
+        launch = {"block_v": block_v, "num_warps": warps}
+        verify_ms = triton.testing.do_bench(lambda: gdn_tree_verify(
+            q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace, torch.arange(bs, device=dev), scale,
+            **launch), return_mode="median")  # fmt: skip
+        commit_ms = triton.testing.do_bench(lambda: gdn_tree_commit(pool[None], workspace[None], slots, last, T,
+                                                                    **launch), return_mode="median")  # fmt: skip
+        swept[f"{block_v}x{warps}"] = {"verify": round(verify_ms, 4), "commit": round(commit_ms, 4)}
+    pool.copy_(base)
     return {
         "bs": bs, "T": T, "tree": shape, "tp": tp,
         "ms": {n: round(t, 4) for n, t in times.items()},
+        "launch_ms": swept,
         "scratch_mib_per_request": {"sglang": round(T * HV * K * K * 4 / MIB, 3),
                                     "ours": round(workspace_numel(T, HV, K, K) * 4 / MIB, 3)},  # fmt: skip
         "max_abs_diff": {"output": float((ours_out.float() - sglang_out.float()).abs().max()),
@@ -113,6 +140,14 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | {ms['sglang_verify']:.3f} | {ms['sglang_commit']:.3f} | "
                      f"{ms['ours_verify']:.3f} | {ms['ours_commit']:.3f} | {theirs / ours:.2f}x | "
                      f"{mem['sglang']:.1f} / {mem['ours']:.2f} | {diff['output']:.2e} / {diff['committed_state']:.2e} |")
+    swept = [r for r in report["rows"] if r.get("launch_ms")]
+    if swept:
+        names = list(swept[0]["launch_ms"])
+        lines += ["", "Our verify / commit ms per launch (value columns per program x warps):", "",
+                  "| tree | bs | T | " + " | ".join(names) + " |", "|:--|--:|--:|" + "--:|" * len(names)]
+        for r in swept:
+            cells = [f"{r['launch_ms'][n]['verify']:.3f} / {r['launch_ms'][n]['commit']:.3f}" for n in names]
+            lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -122,10 +157,13 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1, choices=(1, 2))
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     parser.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 33, 65])
+    parser.add_argument("--launch-configs", type=launch_configs, default=[],
+                        help="also time our kernels at these launches, BVxWARPS,... (e.g. 32x4,16x8,64x8)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")
-    rows = [measure(bs, T, shape, args.tp) for shape in ("bushy", "chain") for bs in args.batch_sizes
+    rows = [measure(bs, T, shape, args.tp, args.launch_configs)
+            for shape in ("bushy", "chain") for bs in args.batch_sizes
             for T in args.widths if not (shape == "chain" and T == 65)]  # fmt: skip
     report = {"meta": {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(),
                        "gpu": torch.cuda.get_device_name(), "tp": args.tp}, "rows": rows}  # fmt: skip

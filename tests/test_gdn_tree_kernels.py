@@ -6,6 +6,7 @@ verify (CPU under TRITON_INTERPRET=1 at small head dims, or a GPU)."""
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import pytest
 import torch
@@ -56,7 +57,8 @@ def layer_inputs(bs: int, T: int, seed: int, gating: str) -> dict:
     }  # fmt: skip
 
 
-def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor, capacity: int) -> tuple:
+def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor, capacity: int,
+           launch: dict) -> tuple:  # fmt: skip
     """The kernel's outputs and the workspace it filled (one row per request, in an SGLang-sized buffer of
     per-node snapshots for trees of ``capacity`` nodes, as the DDTREE hook uses it)."""
     bs = parents.shape[0]
@@ -64,12 +66,15 @@ def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch
     out = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
                           parents=parents.to(torch.int64).to(DEVICE), workspace=workspace,  # SGLang's dtype
                           workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5,
-                          capacity=capacity)  # fmt: skip
+                          capacity=capacity, **launch)  # fmt: skip
     return out, workspace
 
 
-def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0, capacity: int = 0) -> None:
-    """``capacity``: the widest tree the workspace is laid out for (0: this tree's own width)."""
+def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0, capacity: int = 0,
+        launch: Optional[dict] = None) -> None:  # fmt: skip
+    """``capacity``: the widest tree the workspace is laid out for (0: this tree's own width); ``launch``: the
+    kernels' ``block_v`` / ``num_warps`` (default: theirs)."""
+    launch = launch or {}
     bs, T = len(parents_per_request), len(parents_per_request[0])
     capacity = capacity or T
     parents = torch.tensor(parents_per_request)
@@ -83,7 +88,7 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     pool[slots] = initial
     untouched = pool.clone()
     pool_d, slots_d = pool.to(DEVICE), slots.to(DEVICE)
-    out, workspace = verify(inputs, pool_d, slots_d, parents, capacity)
+    out, workspace = verify(inputs, pool_d, slots_d, parents, capacity, launch)
     torch.testing.assert_close(out.cpu(), want_out, **TOLERANCE)
     assert torch.equal(pool_d.cpu(), untouched)  # the verify writes no state
 
@@ -94,8 +99,8 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     track_node[-1] = int(torch.randint(0, T, (1,), generator=torch.Generator().manual_seed(seed + 4)))
     last = torch.randint(0, T, (bs,), generator=torch.Generator().manual_seed(seed + 5))
     gdn_tree_commit(pool_d[None], workspace[None], torch.full((bs,), spare, device=DEVICE), track_node.to(DEVICE),
-                    capacity)  # fmt: skip
-    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), capacity)
+                    capacity, **launch)  # fmt: skip
+    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), capacity, **launch)
     committed = pool_d.cpu()
     torch.testing.assert_close(committed[slots], want_states[torch.arange(bs), last], **TOLERANCE)
     torch.testing.assert_close(committed[spare], want_states[-1, track_node[-1]], **TOLERANCE)
@@ -113,6 +118,13 @@ def test_a_narrower_tree_verified_in_a_workspace_laid_out_for_the_widest_commits
     (and the unwritten rows past the tree, NaN here, are never read)."""
     run([bushy(5, seed=1), chain(5)], capacity=33)
     run([star(2)], capacity=9)
+
+
+@pytest.mark.parametrize("block_v, num_warps", [(16, 4), (64, 8)])
+def test_every_launch_of_the_sweep_computes_the_same(block_v, num_warps):
+    """The launch settings ``bench.gdn_tree_kernel`` sweeps (value columns per program, warps) change only how the
+    work is split, not the result."""
+    run([bushy(17, seed=3), deep_with_twigs(17)], seed=7, launch={"block_v": block_v, "num_warps": num_warps})
 
 
 @pytest.mark.parametrize("gating", ["keep", "forget"])

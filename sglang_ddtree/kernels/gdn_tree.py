@@ -173,13 +173,16 @@ def gdn_tree_verify(
     softplus_beta: float = 1.0,
     softplus_threshold: float = 20.0,
     capacity: Optional[int] = None,
+    block_v: int = _BV,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
     (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
     workspace_indices[n]]`` (float32, contiguous, at least :func:`workspace_numel` elements per row), laid out
     for trees of ``capacity`` nodes (default ``T``): the layout :func:`gdn_tree_commit` reads with the same
     ``T``, so that a server whose steps verify trees of different widths (``--budget auto``) commits from one
-    layout, its widest."""
+    layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the launch, for
+    ``bench.gdn_tree_kernel``'s sweep (register pressure at 128-dim heads)."""
     bs, T, H, K = q.shape
     layout = T if capacity is None else capacity
     if layout < T:
@@ -193,24 +196,27 @@ def gdn_tree_verify(
         raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(layout, HV, K, V)} "
                          f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
     o = torch.empty_like(v)
-    _gdn_tree_verify_kernel[(triton.cdiv(V, _BV), bs * HV)](
+    _gdn_tree_verify_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), A_log, dt_bias,
         ssm_states, cache_indices, ssm_states.stride(0), parents.contiguous(), workspace, workspace_indices, row, o,
-        scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=_BV,
+        scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=block_v,
+        num_warps=num_warps,
     )  # fmt: skip
     return o
 
 
 def gdn_tree_commit(
-    dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int
+    dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int,
+    block_v: int = _BV, num_warps: int = 4,
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
     path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
     requests, ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``;
-    the tree verified may have had fewer, the nodes of its paths are all below ``T``)."""
+    the tree verified may have had fewer, the nodes of its paths are all below ``T``); ``block_v``, ``num_warps``:
+    the launch, as for :func:`gdn_tree_verify`."""
     layers, _, HV, V, K = dst.shape
-    grid = (triton.cdiv(V, _BV), nodes.shape[0] * HV, layers)
+    grid = (triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](
         dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
-        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=_BV,
+        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=block_v, num_warps=num_warps,
     )  # fmt: skip
