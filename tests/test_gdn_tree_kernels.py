@@ -58,7 +58,7 @@ def layer_inputs(bs: int, T: int, seed: int, gating: str) -> dict:
 
 
 def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor, capacity: int,
-           launch: dict) -> tuple:  # fmt: skip
+           launch: Optional[dict] = None) -> tuple:  # fmt: skip
     """The kernel's outputs and the workspace it filled (one row per request, in an SGLang-sized buffer of
     per-node snapshots for trees of ``capacity`` nodes, as the DDTREE hook uses it)."""
     bs = parents.shape[0]
@@ -66,7 +66,7 @@ def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch
     out = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
                           parents=parents.to(torch.int64).to(DEVICE), workspace=workspace,  # SGLang's dtype
                           workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5,
-                          capacity=capacity, **launch)  # fmt: skip
+                          capacity=capacity, **(launch or {}))  # fmt: skip
     return out, workspace
 
 
