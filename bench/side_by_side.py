@@ -49,7 +49,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Collection, Optional, Sequence
 
 from bench.provenance import checkout_commit
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
@@ -141,7 +141,7 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 def greedy_divergences(records: list[RequestRecord], ar_top2: dict[str, list[tuple]],
-                       simulated: Sequence[str] = ()) -> list[dict]:  # fmt: skip
+                       simulated: Collection[str] = ()) -> list[dict]:  # fmt: skip
     """Greedy outputs that differ from AR's at the same concurrency (AR's own outputs at other concurrencies
     are compared with its lowest one: the batch-shape noise floor): prompt, configuration, first differing
     position and AR's top-1/top-2 log-probability margin there. Configurations in ``simulated`` (cost-only
@@ -262,7 +262,7 @@ def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: d
                  step_profiles: Sequence[dict] = ()) -> dict:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    simulated = [r.config for r in records if simulation_env(r.config, meta.get("simulated_tau") or {})]
+    simulated = {r.config for r in records if simulation_env(r.config, meta.get("simulated_tau") or {})}
     divergences = greedy_divergences(records, ar_top2, simulated)
     report = {"meta": meta, "summary": rows, "divergences": divergences, "step_profiles": list(step_profiles),
               "requests": [asdict(r) for r in records], "ar_top2": ar_top2}  # fmt: skip
