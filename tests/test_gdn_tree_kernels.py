@@ -120,7 +120,7 @@ def test_a_narrower_tree_verified_in_a_workspace_laid_out_for_the_widest_commits
     run([star(2)], capacity=9)
 
 
-@pytest.mark.parametrize("block_v, num_warps", [(16, 4), (64, 8)])
+@pytest.mark.parametrize("block_v, num_warps", [(16, 4), (32, 4), (64, 8)])
 def test_every_launch_of_the_sweep_computes_the_same(block_v, num_warps):
     """The launch settings ``bench.gdn_tree_kernel`` sweeps (value columns per program, warps) change only how the
     work is split, not the result."""

@@ -38,7 +38,18 @@ import triton.language as tl
 
 from sglang_ddtree.kernels.gdn_workspace import workspace_numel
 
-_BV = 32
+
+def _verify_launch(NP: int) -> tuple[int, int]:
+    """(value columns per program, warps) for the verify of trees padded to ``NP`` nodes: the fastest launch of
+    ``bench.gdn_tree_kernel``'s sweep at 128-dim heads on the H200 (RESULTS run 66,
+    ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``), at batch 1 and 8 alike; at 32+ nodes the
+    per-program tiles spill, and 8 warps halve the verify against 4."""
+    return (64, 8) if NP <= 16 else (32, 8)
+
+
+def _commit_launch(NP: int) -> tuple[int, int]:
+    """The commit's, from the same sweep: at 32+ nodes 16 columns x 8 warps (0.28 -> 0.12 ms at batch 1)."""
+    return (32, 4) if NP <= 16 else (16, 8)
 
 
 @triton.jit
@@ -173,16 +184,16 @@ def gdn_tree_verify(
     softplus_beta: float = 1.0,
     softplus_threshold: float = 20.0,
     capacity: Optional[int] = None,
-    block_v: int = _BV,
-    num_warps: int = 4,
+    block_v: Optional[int] = None,
+    num_warps: Optional[int] = None,
 ) -> torch.Tensor:
     """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
     (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
     workspace_indices[n]]`` (float32, contiguous, at least :func:`workspace_numel` elements per row), laid out
     for trees of ``capacity`` nodes (default ``T``): the layout :func:`gdn_tree_commit` reads with the same
     ``T``, so that a server whose steps verify trees of different widths (``--budget auto``) commits from one
-    layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the launch, for
-    ``bench.gdn_tree_kernel``'s sweep (register pressure at 128-dim heads)."""
+    layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the launch (default: the
+    sweep's fastest for the padded width, :func:`_verify_launch`), for ``bench.gdn_tree_kernel``'s sweep."""
     bs, T, H, K = q.shape
     layout = T if capacity is None else capacity
     if layout < T:
@@ -195,11 +206,14 @@ def gdn_tree_verify(
     if workspace.dtype != torch.float32 or not workspace.is_contiguous() or row < workspace_numel(layout, HV, K, V):
         raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(layout, HV, K, V)} "
                          f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
+    NP = _padded_nodes(T)
+    default_bv, default_warps = _verify_launch(NP)
+    block_v, num_warps = block_v or default_bv, num_warps or default_warps
     o = torch.empty_like(v)
     _gdn_tree_verify_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), A_log, dt_bias,
         ssm_states, cache_indices, ssm_states.stride(0), parents.contiguous(), workspace, workspace_indices, row, o,
-        scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=block_v,
+        scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v,
         num_warps=num_warps,
     )  # fmt: skip
     return o
@@ -207,16 +221,19 @@ def gdn_tree_verify(
 
 def gdn_tree_commit(
     dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int,
-    block_v: int = _BV, num_warps: int = 4,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None,
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
     path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
     requests, ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``;
     the tree verified may have had fewer, the nodes of its paths are all below ``T``); ``block_v``, ``num_warps``:
-    the launch, as for :func:`gdn_tree_verify`."""
+    the launch, as for :func:`gdn_tree_verify` (default: :func:`_commit_launch`)."""
     layers, _, HV, V, K = dst.shape
+    NP = _padded_nodes(T)
+    default_bv, default_warps = _commit_launch(NP)
+    block_v, num_warps = block_v or default_bv, num_warps or default_warps
     grid = (triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](
         dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
-        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=_padded_nodes(T), BV=block_v, num_warps=num_warps,
+        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, num_warps=num_warps,
     )  # fmt: skip
