@@ -69,12 +69,11 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
         assert accepted_drafts > 0  # otherwise this test could not tell a tree verify from a bonus-only one
 
 
-LEAN_VERIFY = {"SGLANG_DDTREE_LEAN_VERIFY": "1"}
+SGLANG_VERIFY = {"SGLANG_DDTREE_LEAN_VERIFY": "0"}  # every batch through SGLang's EAGLE verify
 
 
 def test_the_lean_greedy_verify_is_greedy_exact_and_sampled_batches_take_sglangs(models, ar_outputs):
-    """``SGLANG_DDTREE_LEAN_VERIFY=1`` (``ddtree_greedy_verify``): all-greedy batches are verified by the package's
-    own acceptance kernel, token-identical to AR alone and four at a time; the one sampled request (sent last,
+    """By default (``ddtree_greedy_verify``) all-greedy batches are verified by the package's own acceptance kernel, token-identical to AR alone and four at a time; the one sampled request (sent last,
     alone) goes through SGLang's EAGLE verify, which the server's tally shows."""
     target, drafter = models
     sampled = {**GREEDY, "temperature": 1.0, "top_k": 8}
@@ -82,7 +81,7 @@ def test_the_lean_greedy_verify_is_greedy_exact_and_sampled_batches_take_sglangs
     report = run_engine_generate(
         {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
          "speculative_num_draft_tokens": 9},
-        PROMPTS, params, modes=("sequential", "concurrent"), env=LEAN_VERIFY,
+        PROMPTS, params, modes=("sequential", "concurrent"),
     )  # fmt: skip
     assert report["sequential"]["output_ids"][:-1] == ar_outputs[:-1]
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
@@ -105,7 +104,7 @@ def test_budget_auto_is_greedy_exact_at_every_width_it_picks(models, ar_outputs,
     """``--budget auto``: each step verifies the first ``w - 1`` popped nodes of the widest tree (or, at width 1,
     the bonus token alone with the drafter skipped), ``w`` chosen from the step time table and the trees' path
     probabilities; whatever it picks, the output is AR's, and the server tallies the widths it verified. With
-    SGLang's EAGLE verify, and with the package's greedy one (``SGLANG_DDTREE_LEAN_VERIFY``)."""
+    SGLang's EAGLE verify (``SGLANG_DDTREE_LEAN_VERIFY=0``), and with the package's greedy one."""
     target, drafter = models
     table = tmp_path / "steps.json"
     table.write_text(json.dumps({"widths": AUTO_WIDTHS, "batch_sizes": list(AUTO_STEP_MS),
@@ -114,7 +113,7 @@ def test_budget_auto_is_greedy_exact_at_every_width_it_picks(models, ar_outputs,
         {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
          "speculative_num_draft_tokens": AUTO_WIDTHS[-1]},
         PROMPTS, GREEDY, modes=("sequential", "concurrent"),
-        env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), **(LEAN_VERIFY if verify == "lean" else {})},
+        env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), **(SGLANG_VERIFY if verify == "sglang" else {})},
     )  # fmt: skip
     assert report["sequential"]["output_ids"] == ar_outputs
     if verify == "lean":
@@ -189,14 +188,14 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges and the host profiler
     on: each verify's phases and SGLang's verify functions inside it are timed once per verify, and the profile
     finds the worker's step and SGLang's verify inside the decode iterations. The package's greedy verify
-    (``SGLANG_DDTREE_LEAN_VERIFY``) simulates in its acceptance kernel, and SGLang's sampling is never called."""
+    (the default) simulates in its acceptance kernel, and SGLang's sampling is never called."""
     target, drafter = models
     engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
               "speculative_num_draft_tokens": 9}  # fmt: skip
     params = {**GREEDY, "max_new_tokens": 40}
     report = run_engine_generate(engine, PROMPTS, params,
                                  env={"SGLANG_SIMULATE_ACC_LEN": "3.5", "SGLANG_DDTREE_TRACE_RANGES": "1",
-                                      "SGLANG_DDTREE_HOST_PROFILE": "1", **(LEAN_VERIFY if verify == "lean" else {})})  # fmt: skip
+                                      "SGLANG_DDTREE_HOST_PROFILE": "1", **(SGLANG_VERIFY if verify == "sglang" else {})})  # fmt: skip
     assert report["scheduler_states"][0]["ddtree_simulated_acceptance"]["mean_accept_length"] == 3.5
     metas = report["sequential"]["meta_info"]
     assert all(meta["completion_tokens"] == params["max_new_tokens"] for meta in metas)

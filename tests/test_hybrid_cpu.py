@@ -99,10 +99,10 @@ def ddtree_reports(models):
     """DDTREE on the multimodal arch, run once per (budget, GDN verify) and module worker, alone and concurrent."""
     reports = {}
 
-    def report(budget: int, gdn_verify: str, verify: str = "sglang") -> dict:
+    def report(budget: int, gdn_verify: str, verify: str = "lean") -> dict:
         if (budget, gdn_verify, verify) not in reports:
             env = {**({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {}),
-                   **({"SGLANG_DDTREE_LEAN_VERIFY": "1"} if verify == "lean" else {})}  # fmt: skip
+                   **({"SGLANG_DDTREE_LEAN_VERIFY": "0"} if verify == "sglang" else {})}  # fmt: skip
             reports[budget, gdn_verify, verify] = generate(
                 {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
                  "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": budget + 1},
@@ -119,7 +119,7 @@ SHARES_THE_B8_RUN = pytest.mark.xdist_group("hybrid_ddtree_b8")
 
 @pytest.mark.parametrize(
     "budget, gdn_verify, verify",
-    [(32, "snapshots", "sglang"), pytest.param(8, "snapshots", "sglang", marks=SHARES_THE_B8_RUN),
+    [(32, "snapshots", "sglang"), pytest.param(8, "snapshots", "lean", marks=SHARES_THE_B8_RUN),
      (8, "wy", "sglang"), (8, "wy", "lean")],
 )  # fmt: skip
 def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, ddtree_reports, budget, gdn_verify,
@@ -127,9 +127,9 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     """``gdn_verify``: SGLang's per-node snapshot tree verify, or the snapshot-free one from the root state
     (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py``), whose use the server reports, with its per-request
     SSM buffer cut to the workspace's states (2 for the budget-8 tree, not 9) and SGLang's memory sizing reserving
-    just that: the states of the 7 other nodes go back to the KV cache. ``verify``: SGLang's EAGLE tree
-    verification, or the package's greedy one (``SGLANG_DDTREE_LEAN_VERIFY``), which commits the GDN states of
-    the path its own kernel accepts."""
+    just that: the states of the 7 other nodes go back to the KV cache. ``verify``: the package's greedy one (the
+    default), which commits the GDN states of the path its own kernel accepts, or SGLang's EAGLE tree verification
+    (``SGLANG_DDTREE_LEAN_VERIFY=0``)."""
     report = ddtree_reports(budget, gdn_verify, verify)
     state = report["scheduler_states"][0]
     if verify == "lean":

@@ -1,4 +1,4 @@
-"""DDTREE's own greedy tree verify (``SGLANG_DDTREE_LEAN_VERIFY=1``, opt-in until a GPU A/B says it is faster).
+"""DDTREE's own greedy tree verify (the default; ``SGLANG_DDTREE_LEAN_VERIFY=0`` turns it off).
 
 SGLang's ``run_eagle_verify`` serves every EAGLE-family tree: around the target forward it allocates and fills
 its buffers, applies penalties and NaN checks, walks the tree, fills the bonus tokens in a kernel of their own
@@ -41,7 +41,10 @@ _counts = {"lean": 0, "sglang": 0}
 
 
 def lean_verify_requested() -> bool:
-    return env_flag(LEAN_VERIFY_ENV)
+    """On unless ``SGLANG_DDTREE_LEAN_VERIFY=0``: greedy == AR on the H200 with CUDA graphs, auto widths, and on a
+    hybrid target with either GDN verify (tests/gpu/RESULTS.md runs 64, 65), and one kernel in place of
+    ``eagle_sample`` and the tree path's compaction (run 64's step A/B: 4.27 -> 4.14 ms at batch 1)."""
+    return env_flag(LEAN_VERIFY_ENV, default=True)
 
 
 def lean_verify_serves(batch: ScheduleBatch) -> bool:
@@ -63,7 +66,7 @@ def count_verify(lean: bool) -> None:
 
 
 def lean_verify_report() -> Optional[dict[str, int]]:
-    """For ``/server_info``: verifies served by this path and by SGLang's, under the flag."""
+    """For ``/server_info``: verifies served by this path and by SGLang's, unless the path is off."""
     return dict(_counts) if lean_verify_requested() else None
 
 

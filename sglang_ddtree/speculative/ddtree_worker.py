@@ -14,12 +14,11 @@ Per decode step, for a batch of requests with independent trees:
    sequence lengths back once, before the draft launch, so that the draft block's and the verify graph's
    FlashInfer plans need no reads of their own (``flashinfer_tree_plan``): one blocking read per step instead of
    three before the draft and four after it.
-3. Verify: SGLang's EAGLE tree verification (``run_eagle_verify``) runs the target over the N = budget + 1
-   tree nodes with the tree mask, accepts the longest matching path (greedy or sampled), moves the
-   accepted nodes' KV to the front and commits the recurrent state of hybrid models. Under
-   ``SGLANG_DDTREE_LEAN_VERIFY=1`` all-greedy batches without grammar, penalties or logit bias take this package's
-   own verify instead (``ddtree_greedy_verify``: the same forward, KV move and state commit; the acceptance in one
-   kernel).
+3. Verify: all-greedy batches without grammar, penalties or logit bias take this package's own verify
+   (``ddtree_greedy_verify``; ``SGLANG_DDTREE_LEAN_VERIFY=0`` turns it off): SGLang's verify preparation, the
+   target forward over the N = budget + 1 tree nodes with the tree mask, the KV move and the recurrent-state
+   commit of hybrid models, with the acceptance in one kernel. Every other batch takes SGLang's EAGLE tree
+   verification (``run_eagle_verify``), which accepts the longest matching path greedy or sampled.
 4. Draft context: the target's hidden features of the committed tokens are written into the draft KV
    cache, as DFlash does for its chain.
 

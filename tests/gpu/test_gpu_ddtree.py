@@ -30,6 +30,7 @@ from lossless import (
     sampled_pvalues,
 )
 from suite_servers import auto_budget_args, prefill_graph_flags, started_servers, url_of
+from sglang_ddtree.env_flags import env_flag
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
 
@@ -106,7 +107,7 @@ def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_out
     record({"test": "ddtree_acceptance", "kind": kind, "backend": backend, "verifies": verifies,
             "accepted_drafts": accepted, "mean_accept_length": round(NEW_TOKENS * len(metas) / verifies, 3)})  # fmt: skip
     assert accepted > 0
-    if os.environ.get("SGLANG_DDTREE_LEAN_VERIFY") == "1":  # the servers inherit it: the package's greedy verify
+    if env_flag("SGLANG_DDTREE_LEAN_VERIFY", default=True):  # the servers inherit it: the package's greedy verify
         lean = http_json(url + "/server_info")["internal_states"][0]["ddtree_lean_verify"]
         record({"test": "ddtree_lean_verify", "kind": kind, "backend": backend, **lean})
         assert lean["lean"] >= verifies / len(PROMPTS), lean  # at least one batch verify per 16 request verifies

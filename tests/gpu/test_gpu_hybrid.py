@@ -36,6 +36,7 @@ from lossless import (
     second_token_marginal,
 )
 from suite_servers import auto_budget_args, prefill_graph_flags, started_servers, url_of
+from sglang_ddtree.env_flags import env_flag
 from support import http_json, record
 
 pytestmark = pytest.mark.gpu
@@ -133,7 +134,7 @@ def check_greedy(servers, ar_outputs, kind: str, backend: str, algorithm: str) -
 def test_ddtree_greedy_equals_ar_for_16_concurrent_long_requests(servers, ar_outputs, backend, kind):
     metas = check_greedy(servers, ar_outputs, kind, backend, "DDTREE")
     assert max(len(m["spec_accept_histogram"]) for m in metas) <= 8  # at most one node per drafted depth (block 8)
-    if os.environ.get("SGLANG_DDTREE_LEAN_VERIFY") == "1":  # the servers inherit it: the package's greedy verify
+    if env_flag("SGLANG_DDTREE_LEAN_VERIFY", default=True):  # the servers inherit it: the package's greedy verify
         lean = http_json(url_of(servers, kind, backend) + "/server_info")["internal_states"][0]["ddtree_lean_verify"]
         record({"test": "hybrid_lean_verify", "kind": kind, "backend": backend, **lean})
         verifies = sum(m["spec_verify_ct"] for m in metas)
