@@ -42,15 +42,19 @@ def deep_with_twigs(n: int) -> list[int]:
     return [-1] + list(range(spine - 1)) + [i % spine for i in range(n - spine)]
 
 
-def layer_inputs(bs: int, T: int, seed: int, gating: str) -> dict:
+def layer_inputs(bs: int, T: int, seed: int, gating: str, same_key: bool = False) -> dict:
+    """``same_key``: every node of a tree has the first node's key (a repeated token: the keys' products are all
+    1, the triangular solve's worst case)."""
     g = torch.Generator().manual_seed(seed)
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g)
 
     decay_logit, write_logit = {"mixed": (0.0, 0.0), "keep": (-12.0, 10.0), "forget": (6.0, -10.0)}[gating]
+    keys = randn(bs, T, H, K)
     return {
-        "q": randn(bs, T, H, K), "k": randn(bs, T, H, K), "v": randn(bs, T, HV, V),
+        "q": randn(bs, T, H, K), "k": keys[:, :1].expand(-1, T, -1, -1).clone() if same_key else keys,
+        "v": randn(bs, T, HV, V),
         # "keep": decay ~1 (softplus ~0) and beta ~1; "forget": decay ~0 and beta ~0
         "a": randn(bs, T, HV) + decay_logit, "b": randn(bs, T, HV) + write_logit,
         "A_log": randn(HV) * 0.5, "dt_bias": randn(HV) * 0.5,
@@ -71,14 +75,14 @@ def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch
 
 
 def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0, capacity: int = 0,
-        launch: Optional[dict] = None) -> None:  # fmt: skip
+        launch: Optional[dict] = None, same_key: bool = False) -> None:  # fmt: skip
     """``capacity``: the widest tree the workspace is laid out for (0: this tree's own width); ``launch``: the
     kernels' ``block_v`` / ``num_warps`` (default: theirs)."""
     launch = launch or {}
     bs, T = len(parents_per_request), len(parents_per_request[0])
     capacity = capacity or T
     parents = torch.tensor(parents_per_request)
-    inputs = layer_inputs(bs, T, seed, gating)
+    inputs = layer_inputs(bs, T, seed, gating, same_key)
     initial = torch.randn(bs, HV, V, K, generator=torch.Generator().manual_seed(seed + 1))
     want_out, want_states = reference_gdn_tree_verify(**inputs, initial_states=initial, parents=parents, scale=K**-0.5)
 
@@ -130,6 +134,12 @@ def test_every_launch_of_the_sweep_computes_the_same(block_v, num_warps):
 @pytest.mark.parametrize("gating", ["keep", "forget"])
 def test_decay_and_write_strength_near_their_limits(gating):
     run([bushy(17, seed=1), chain(17)], gating=gating, seed=2)
+
+
+def test_a_repeated_token_written_at_full_strength_down_a_deep_chain():
+    """Identical keys with no decay and beta ~1 down 32 levels: the tree's triangular system at its worst
+    conditioning (every off-diagonal entry ~1), solved level by level as the recurrence would."""
+    run([chain(33), deep_with_twigs(33)], gating="keep", seed=9, same_key=True)
 
 
 def test_a_batch_of_different_bushy_trees_of_65_nodes():

@@ -20,12 +20,20 @@ a copy of ``S0``, ``u``, ``G``, the unit keys and the parents (:func:`workspace_
 committed, into any slot, in any order (the accepted node's into the request's slot, a prefix-cache track
 node's into its track slot).
 
+Two kernels per layer, FLA's chunked form for one chunk that is a tree: one program per (request, value head)
+builds what the values do not enter — the ancestor closure, ``M = (I + A)^-1 diag(beta)`` (``A`` the keys'
+products under the ancestor mask, inverted one tree level at a time) and ``P``, the queries' products with the
+keys under the same mask — into a scratch of ``2 NP^2`` floats per (request, value head); then one program per
+(request, value head, ``BV`` value columns) applies them: ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``.
+Keys, queries and states are read in chunks of 32 key columns, so no program holds an ``[NP, K]`` tile whole
+(the earlier single kernel did, once per value block; 8 warps instead of 4 halved its time,
+``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16`` (``tl.dot``'s minimum), dots in IEEE
+fp32.
+
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
 commit takes ``fused_mamba_state_scatter_with_mask``'s arguments, so it can stand in for SGLang's scatter of
-snapshots. The executable specification is ``sglang_ddtree.tree.gdn_tree_reference``. One program per (request, value
-head, block of ``BV`` value columns[, layer]); ``T`` is padded to a power of two ``NP >= 16`` (``tl.dot``'s
-minimum), dots in IEEE fp32.
+snapshots. The executable specification is ``sglang_ddtree.tree.gdn_tree_reference``.
 """
 
 from __future__ import annotations
@@ -39,17 +47,22 @@ import triton.language as tl
 from sglang_ddtree.kernels.gdn_workspace import workspace_numel
 
 
-def _verify_launch(NP: int) -> tuple[int, int]:
-    """(value columns per program, warps) for the verify of trees padded to ``NP`` nodes: the fastest launch of
-    ``bench.gdn_tree_kernel``'s sweep at 128-dim heads on the H200 (RESULTS run 66,
-    ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``), at batch 1 and 8 alike; at 32+ nodes the
-    per-program tiles spill, and 8 warps halve the verify against 4."""
-    return (64, 8) if NP <= 16 else (32, 8)
+_BK = 32  # key columns per chunk: no program holds a whole [nodes, 128] tile of queries, keys or states
+
+
+def _factor_warps(NP: int) -> int:
+    """Warps of the factor kernel, whose live tiles are a handful of [NP, NP] ones."""
+    return 4 if NP <= 16 else 8 if NP <= 64 else 16
+
+
+def _apply_launch(NP: int) -> tuple[int, int]:
+    """(value columns per program, warps) of the apply kernel: [NP, NP] factors and [NP, BV] tiles."""
+    return (32, 4) if NP <= 32 else (32, 8)
 
 
 def _commit_launch(NP: int) -> tuple[int, int]:
-    """The commit's, from the same sweep: at 32+ nodes 16 columns x 8 warps (0.28 -> 0.12 ms at batch 1)."""
-    return (32, 4) if NP <= 16 else (16, 8)
+    """The commit's: [NP, BV] and [NP, BK] tiles, the key chunks in turn."""
+    return (32, 4) if NP <= 64 else (32, 8)
 
 
 @triton.jit
@@ -61,76 +74,142 @@ def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def _gdn_tree_verify_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
-    h0_ptr, h0_indices_ptr, stride_h0, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, o_ptr,
+def _ancestors(parents_ptr, rows, valid, NP: tl.constexpr):
+    """``anc[i, j]``: node ``j`` is ``i`` or an ancestor of ``i``, walking every row's parent chain at once, as
+    many steps as the deepest node has ancestors (a DDTree is at most its block deep, however wide)."""
+    cols = tl.arange(0, NP)
+    anc = (cols[None, :] == rows[:, None]) & valid[:, None]
+    cur = tl.where(valid, rows, 0)
+    while tl.max(cur, 0) > 0:
+        cur = tl.where(cur > 0, tl.load(parents_ptr + tl.maximum(cur, 0), mask=cur > 0, other=-1).to(tl.int32), -1)
+        anc = anc | ((cols[None, :] == cur[:, None]) & (cur[:, None] >= 0))
+    return anc
+
+
+@triton.jit
+def _gdn_tree_factor_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr,
     scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    """Per (request, value head): what does not depend on the values. ``M = (I + A)^-1 diag(beta)``, with ``A[i,
+    j] = beta_i exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = M (v - gamma K
+    S0)``; ``P[i, j] = exp(G_i - G_j) (q_i . k_j)`` over ``j = i`` or an ancestor, so that ``o = gamma Q S0 + P
+    u``; both to ``mp``. To the workspace: ``G``, the unit keys and (once per request) the parents."""
+    i_nh = tl.program_id(0)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     rows = tl.arange(0, NP)
+    cols = tl.arange(0, NP)
     valid = rows < T
     tok = (i_n * T + rows).to(tl.int64)
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_v = o_v < V
 
-    b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
-    b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
-    b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
-                  other=0).to(tl.float32)  # fmt: skip
     x = tl.load(a_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32) + tl.load(dt_bias_ptr + i_hv).to(tl.float32)
     softplus = tl.where(softplus_beta * x <= softplus_threshold, tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)
     b_g = tl.where(valid, -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32)) * softplus, 0.0)
     b_beta = tl.sigmoid(tl.load(b_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32))
-    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None] * scale
-    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
 
-    # anc[i, j]: j is i or an ancestor of i, by walking every row's parent chain up to the root.
-    cols = tl.arange(0, NP)
     req_parents = parents_ptr + i_n.to(tl.int64) * T
-    anc = (cols[None, :] == rows[:, None]) & valid[:, None]
-    cur = tl.where(valid, rows, 0)
-    for _ in range(1, T):
-        cur = tl.where(cur > 0, tl.load(req_parents + tl.maximum(cur, 0), mask=cur > 0, other=-1).to(tl.int32), -1)
-        anc = anc | ((cols[None, :] == cur[:, None]) & (cur[:, None] >= 0))
+    anc = _ancestors(req_parents, rows, valid, NP)
+    depth = tl.sum(anc.to(tl.int32), 1) - 1  # strict ancestors; -1 on padding rows
     b_G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)
     decay = tl.exp(tl.where(anc, b_G[:, None] - b_G[None, :], float("-inf")))  # exp(G_i - G_j) on the path, else 0
 
-    slot = tl.load(h0_indices_ptr + i_n).to(tl.int64)
-    b_h0 = tl.load(h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None],
-                   mask=mask_v[None, :] & (slot >= 0), other=0).to(tl.float32)  # [K, BV]  # fmt: skip
-    gamma = tl.exp(b_G)
-    strict = anc & (rows[:, None] != cols[None, :])
-    a_mat = tl.where(strict, decay * tl.dot(b_k, tl.trans(b_k), input_precision="ieee"), 0.0) * b_beta[:, None]
-    b_u = b_beta[:, None] * (b_v - gamma[:, None] * tl.dot(b_k, b_h0, input_precision="ieee"))
-    for i in range(1, T):  # forward substitution: row i needs only its ancestors' rows, all before it
-        a_row = tl.sum(tl.where(rows[:, None] == i, a_mat, 0.0), 0)
-        b_u = tl.where(rows[:, None] == i, b_u - tl.sum(a_row[:, None] * b_u, 0)[None, :], b_u)
-    p_mat = tl.where(anc, decay * tl.dot(b_q, tl.trans(b_k), input_precision="ieee"), 0.0)
-    b_o = gamma[:, None] * tl.dot(b_q, b_h0, input_precision="ieee") + tl.dot(p_mat, b_u, input_precision="ieee")
-    out_mask = valid[:, None] & mask_v[None, :]
-    tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
+    # Raw q k^T, k k^T and the rows' norms over key chunks: no [NP, K] tile is ever whole.
+    qk = tl.zeros([NP, NP], dtype=tl.float32)
+    kk = tl.zeros([NP, NP], dtype=tl.float32)
+    q_sq = tl.zeros([NP], dtype=tl.float32)
+    k_sq = tl.zeros([NP], dtype=tl.float32)
+    for c in range(0, K, BK):
+        o_k = c + tl.arange(0, BK)
+        b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        qk += tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
+        kk += tl.dot(b_k, tl.trans(b_k), input_precision="ieee")
+        q_sq += tl.sum(b_q * b_q, 1)
+        k_sq += tl.sum(b_k * b_k, 1)
+    inv_k = 1.0 / tl.sqrt(k_sq + 1e-6)
+    inv_q = scale / tl.sqrt(q_sq + 1e-6)
+
+    eye = rows[:, None] == cols[None, :]
+    strict = anc & ~eye
+    a_mat = tl.where(strict, decay * kk * inv_k[:, None] * inv_k[None, :], 0.0) * b_beta[:, None]
+    # (I + A)^-1 a tree level at a time: a node's row is its unit row minus its ancestors' rows weighted by A,
+    # and its ancestors sit at smaller depths (forward substitution, all nodes of one depth at once).
+    inverse = tl.where(eye, 1.0, 0.0)
+    for d in range(1, tl.max(depth, 0) + 1):
+        level = tl.where(eye, 1.0, 0.0) - tl.dot(a_mat, inverse, input_precision="ieee")
+        inverse = tl.where((depth == d)[:, None], level, inverse)
+    mp = mp_ptr + i_nh.to(tl.int64) * 2 * NP * NP + rows[:, None] * NP + cols[None, :]
+    tl.store(mp, inverse * b_beta[None, :])
+    tl.store(mp + NP * NP, tl.where(anc, decay * qk * inv_q[:, None] * inv_k[None, :], 0.0))
 
     ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
     off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
-    tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
+    tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
+    for c in range(0, K, BK):
+        o_k = c + tl.arange(0, BK)
+        b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        tl.store(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k[:, None], mask=valid[:, None])
+    if i_hv == 0:
+        tl.store(ws + off_p + rows, tl.load(req_parents + rows, mask=valid & (rows > 0), other=-1).to(tl.float32),
+                 mask=valid)  # fmt: skip
+
+
+@triton.jit
+def _gdn_tree_apply_kernel(
+    q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr, o_ptr,
+    scale, T, T_LAYOUT,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr,
+):  # fmt: skip
+    """Per (request, value head, ``BV`` value columns): ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``
+    with the factor kernel's ``M``, ``P`` and ``G``; ``S0`` and ``u`` to the workspace."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    rows = tl.arange(0, NP)
+    cols = tl.arange(0, NP)
+    valid = rows < T
+    tok = (i_n * T + rows).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_v = o_v < V
+    ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
+    off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
+
+    slot = tl.load(h0_indices_ptr + i_n).to(tl.int64)
+    q_h0 = tl.zeros([NP, BV], dtype=tl.float32)
+    k_h0 = tl.zeros([NP, BV], dtype=tl.float32)
+    q_sq = tl.zeros([NP], dtype=tl.float32)
+    k_sq = tl.zeros([NP], dtype=tl.float32)
+    for c in range(0, K, BK):
+        o_k = c + tl.arange(0, BK)
+        b_h0 = tl.load(h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None],
+                       mask=mask_v[None, :] & (slot >= 0), other=0).to(tl.float32)  # [BK, BV]  # fmt: skip
+        tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
+        b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        q_h0 += tl.dot(b_q, b_h0, input_precision="ieee")
+        k_h0 += tl.dot(b_k, b_h0, input_precision="ieee")
+        q_sq += tl.sum(b_q * b_q, 1)
+        k_sq += tl.sum(b_k * b_k, 1)
+    gamma = tl.exp(tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0))
+    b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
+                  other=0).to(tl.float32)  # fmt: skip
+    mp = mp_ptr + i_nh.to(tl.int64) * 2 * NP * NP + rows[:, None] * NP + cols[None, :]
+    b_u = tl.dot(tl.load(mp), b_v - (gamma / tl.sqrt(k_sq + 1e-6))[:, None] * k_h0, input_precision="ieee")
+    b_o = (gamma * scale / tl.sqrt(q_sq + 1e-6))[:, None] * q_h0 + tl.dot(tl.load(mp + NP * NP), b_u,
+                                                                         input_precision="ieee")  # fmt: skip
+    out_mask = valid[:, None] & mask_v[None, :]
+    tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
     tl.store(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
-    if i_v == 0:
-        tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
-        tl.store(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], b_k, mask=valid[:, None])
-        if i_hv == 0:
-            tl.store(ws + off_p + rows, tl.load(req_parents + rows, mask=valid & (rows > 0), other=-1).to(tl.float32),
-                     mask=valid)  # fmt: skip
 
 
 @triton.jit
 def _gdn_tree_commit_kernel(
     dst_ptr, stride_dst_layer, stride_dst_slot, ws_ptr, stride_ws_layer, stride_ws_request,
     dst_indices_ptr, nodes_ptr, T,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh, i_layer = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -138,15 +217,14 @@ def _gdn_tree_commit_kernel(
     if node >= 0:
         rows = tl.arange(0, NP)
         valid = rows < T
-        o_k = tl.arange(0, K)
         o_v = i_v * BV + tl.arange(0, BV)
         mask_v = o_v < V
         ws = ws_ptr + i_layer.to(tl.int64) * stride_ws_layer + i_n.to(tl.int64) * stride_ws_request
         off_u, off_g, off_k, off_p = _workspace_offsets(T, HV, K, V)
         on_path = rows == node
         cur = node
-        for _ in range(1, T):
-            cur = tl.where(cur > 0, tl.load(ws + off_p + tl.maximum(cur, 0)).to(tl.int32), -1)
+        while cur > 0:
+            cur = tl.load(ws + off_p + cur).to(tl.int32)
             on_path = on_path | (rows == cur)
         b_G = tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0)
         g_node = tl.sum(tl.where(rows == node, b_G, 0.0), 0)
@@ -154,13 +232,16 @@ def _gdn_tree_commit_kernel(
         # Only the path's rows: past the verified tree's width the rows hold whatever an earlier verify left.
         b_u = tl.load(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
                       mask=on_path[:, None] & mask_v[None, :], other=0)  # fmt: skip
-        b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=on_path[:, None], other=0)
-        b_h0 = tl.load(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0)
-        b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weight[:, None] * b_u, input_precision="ieee")
+        weighted_u = weight[:, None] * b_u
         slot = tl.load(dst_indices_ptr + i_n).to(tl.int64)
-        p_h = (dst_ptr + i_layer.to(tl.int64) * stride_dst_layer + slot * stride_dst_slot + i_hv * V * K
-               + o_v[None, :] * K + o_k[:, None])  # fmt: skip
-        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
+        dst = dst_ptr + i_layer.to(tl.int64) * stride_dst_layer + slot * stride_dst_slot + i_hv * V * K
+        for c in range(0, K, BK):
+            o_k = c + tl.arange(0, BK)
+            b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=on_path[:, None], other=0)
+            b_h0 = tl.load(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0)
+            b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weighted_u, input_precision="ieee")  # [BK, BV]
+            p_h = dst + o_v[None, :] * K + o_k[:, None]
+            tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
 
 
 def _padded_nodes(T: int) -> int:
@@ -192,8 +273,8 @@ def gdn_tree_verify(
     workspace_indices[n]]`` (float32, contiguous, at least :func:`workspace_numel` elements per row), laid out
     for trees of ``capacity`` nodes (default ``T``): the layout :func:`gdn_tree_commit` reads with the same
     ``T``, so that a server whose steps verify trees of different widths (``--budget auto``) commits from one
-    layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the launch (default: the
-    sweep's fastest for the padded width, :func:`_verify_launch`), for ``bench.gdn_tree_kernel``'s sweep."""
+    layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the apply kernel's launch
+    (default :func:`_apply_launch`), for ``bench.gdn_tree_kernel``'s sweep."""
     bs, T, H, K = q.shape
     layout = T if capacity is None else capacity
     if layout < T:
@@ -206,15 +287,20 @@ def gdn_tree_verify(
     if workspace.dtype != torch.float32 or not workspace.is_contiguous() or row < workspace_numel(layout, HV, K, V):
         raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(layout, HV, K, V)} "
                          f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
-    NP = _padded_nodes(T)
-    default_bv, default_warps = _verify_launch(NP)
+    NP, BK = _padded_nodes(T), min(K, _BK)
+    default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
+    q, k = q.contiguous(), k.contiguous()
+    factors = torch.empty(bs * HV, 2, NP, NP, dtype=torch.float32, device=q.device)  # M and P, per layer call
+    _gdn_tree_factor_kernel[(bs * HV,)](
+        q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices, row,
+        factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BK=BK,
+        num_warps=_factor_warps(NP),
+    )  # fmt: skip
     o = torch.empty_like(v)
-    _gdn_tree_verify_kernel[(triton.cdiv(V, block_v), bs * HV)](
-        q.contiguous(), k.contiguous(), v.contiguous(), a.contiguous(), b.contiguous(), A_log, dt_bias,
-        ssm_states, cache_indices, ssm_states.stride(0), parents.contiguous(), workspace, workspace_indices, row, o,
-        scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v,
-        num_warps=num_warps,
+    _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
+        q, k, v.contiguous(), ssm_states, cache_indices, ssm_states.stride(0), workspace, workspace_indices, row,
+        factors, o, scale, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, num_warps=num_warps,
     )  # fmt: skip
     return o
 
@@ -235,5 +321,5 @@ def gdn_tree_commit(
     grid = (triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](
         dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
-        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, num_warps=num_warps,
+        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=min(K, _BK), num_warps=num_warps,
     )  # fmt: skip
