@@ -7,11 +7,11 @@ verify from the root state, then the commit builds the accepted path's state. Pe
 ``triton.testing.do_bench``; the per-request scratch each needs; and the largest differences between the two
 (outputs, committed states) on the same bf16 inputs and fp32 states.
 
-    python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel [--launch-configs 32x4,16x4,64x8]
+    python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel [--launch-configs 32x4,64x8,32x8:tf32x3]
 
-``--launch-configs BVxWARPS,...`` also times our verify and commit at each launch (value columns per program x
-warps): at 128-dim heads a program holds [T, 128] fp32 query and key tiles, so register pressure may be what a
-launch decides.
+``--launch-configs BVxWARPS[:PRECISION],...`` also times our verify and commit at each launch (value columns per
+program of the apply and commit kernels x their warps; the products in IEEE fp32, the default, or three-pass
+TF32 on tensor cores), with each launch's largest output difference from SGLang's beside its times.
 
 Shapes from Qwen3.6-27B's config (see ``bench/hybrid_verify_cost.py``): 16 key heads and 48 value heads of 128
 at TP 1 (``--tp 2`` halves the heads); trees random with parents among the last 4 nodes (bushy, DDTree-like)
@@ -28,7 +28,7 @@ import triton.testing
 
 from bench.provenance import checkout_commit, write_report
 from sglang_ddtree.tree.gdn_tree_reference import random_parents
-from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
+from sglang_ddtree.kernels.gdn_tree import DOT_PRECISIONS, gdn_tree_commit, gdn_tree_verify, workspace_numel
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
 MIB = 1 << 20
@@ -40,19 +40,31 @@ def random_tree(T: int, shape: str, g: torch.Generator) -> list[int]:
     return random_parents(T, g)
 
 
-def launch_configs(text: str) -> list[tuple[int, int]]:
-    """argparse type: ``32x4,16x8`` -> ``[(32, 4), (16, 8)]`` (value columns per program, warps)."""
-    try:
-        configs = [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a list of BVxWARPS, e.g. 32x4,16x8") from None
-    if not configs or any(len(c) != 2 or c[0] < 16 or c[0] & (c[0] - 1) or c[1] not in (1, 2, 4, 8, 16)
-                          for c in configs):  # fmt: skip
-        raise argparse.ArgumentTypeError(f"'{text}': BV a power of two >= 16, WARPS one of 1, 2, 4, 8, 16")
+def launch_configs(text: str) -> list[tuple[int, int, str]]:
+    """argparse type: ``32x4,16x8:tf32x3`` -> ``[(32, 4, "ieee"), (16, 8, "tf32x3")]`` (value columns per
+    program, warps, the products' precision)."""
+    configs = []
+    for item in (item for item in text.split(",") if item):
+        launch, colon, precision = item.partition(":")
+        try:
+            block_v, warps = (int(x) for x in launch.split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{item}' is not BVxWARPS[:PRECISION], e.g. 32x4 or 64x8:tf32x3") from None
+        if block_v < 16 or block_v & (block_v - 1) or warps not in (1, 2, 4, 8, 16):
+            raise argparse.ArgumentTypeError(f"'{item}': BV a power of two >= 16, WARPS one of 1, 2, 4, 8, 16")
+        if (precision or ("" if colon else "ieee")) not in DOT_PRECISIONS:
+            raise argparse.ArgumentTypeError(f"'{item}': PRECISION one of {', '.join(DOT_PRECISIONS)}")
+        configs.append((block_v, warps, precision or "ieee"))
+    if not configs:
+        raise argparse.ArgumentTypeError("give at least one BVxWARPS[:PRECISION], e.g. 32x4")
     return configs
 
 
-def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int]] = ()) -> dict:
+def launch_name(block_v: int, warps: int, precision: str) -> str:
+    return f"{block_v}x{warps}" + ("" if precision == "ieee" else f":{precision}")
+
+
+def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int, str]] = ()) -> dict:
     from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import fused_sigmoid_gating_delta_rule_update
 
     H, HV, K = KEY_HEADS // tp, VALUE_HEADS // tp, HEAD_DIM
@@ -102,14 +114,23 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int]
              for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
                               ("ours_verify", ours_verify), ("ours_commit", ours_commit))}  # fmt: skip
     swept = {}
-    for block_v, warps in launches:
-        launch = {"block_v": block_v, "num_warps": warps}
+    for block_v, warps, precision in launches:
+        launch = {"block_v": block_v, "num_warps": warps, "dot_precision": precision}
+        out = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace,
+                              torch.arange(bs, device=dev), scale, **launch)  # fmt: skip
+        gdn_tree_commit(pool[None], workspace[None], slots, last, T, **launch)
+        state_diff = float((pool[slots] - sglang_state).abs().max())
+        pool.copy_(base)
         verify_ms = triton.testing.do_bench(lambda: gdn_tree_verify(
             q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace, torch.arange(bs, device=dev), scale,
             **launch), return_mode="median")  # fmt: skip
         commit_ms = triton.testing.do_bench(lambda: gdn_tree_commit(pool[None], workspace[None], slots, last, T,
                                                                     **launch), return_mode="median")  # fmt: skip
-        swept[f"{block_v}x{warps}"] = {"verify": round(verify_ms, 4), "commit": round(commit_ms, 4)}
+        swept[launch_name(block_v, warps, precision)] = {
+            "verify": round(verify_ms, 4), "commit": round(commit_ms, 4),
+            "max_abs_diff_output": float((out.float() - sglang_out.float()).abs().max()),
+            "max_abs_diff_state": state_diff,
+        }  # fmt: skip
     pool.copy_(base)
     return {
         "bs": bs, "T": T, "tree": shape, "tp": tp,
@@ -143,12 +164,20 @@ def markdown(report: dict) -> str:
     swept = [r for r in report["rows"] if r.get("launch_ms")]
     if swept:
         names = list(swept[0]["launch_ms"])
-        lines += ["", "Our verify / commit ms per launch (value columns per program x warps):", "",
+        lines += ["", "Our verify / commit ms per launch (value columns per program x warps[:products' precision]; "
+                  "in brackets the largest output / committed-state difference from SGLang's):", "",
                   "| tree | bs | T | " + " | ".join(names) + " |", "|:--|--:|--:|" + "--:|" * len(names)]
         for r in swept:
-            cells = [f"{r['launch_ms'][n]['verify']:.3f} / {r['launch_ms'][n]['commit']:.3f}" for n in names]
+            cells = [launch_cell(r["launch_ms"][n]) for n in names]
             lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def launch_cell(times: dict) -> str:
+    cell = f"{times['verify']:.3f} / {times['commit']:.3f}"
+    if "max_abs_diff_output" not in times:  # reports from before the differences were recorded
+        return cell
+    return cell + f" ({times['max_abs_diff_output']:.1e} / {times['max_abs_diff_state']:.1e})"
 
 
 def main() -> None:
@@ -158,7 +187,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     parser.add_argument("--widths", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 33, 65])
     parser.add_argument("--launch-configs", type=launch_configs, default=[],
-                        help="also time our kernels at these launches, BVxWARPS,... (e.g. 32x4,16x8,64x8)")
+                        help="also time our kernels at these launches, BVxWARPS[:PRECISION],... (e.g. "
+                        "32x4,64x8,32x8:tf32x3)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU")

@@ -124,11 +124,13 @@ def test_a_narrower_tree_verified_in_a_workspace_laid_out_for_the_widest_commits
     run([star(2)], capacity=9)
 
 
-@pytest.mark.parametrize("block_v, num_warps", [(16, 4), (32, 4), (64, 8)])
-def test_every_launch_of_the_sweep_computes_the_same(block_v, num_warps):
-    """The launch settings ``bench.gdn_tree_kernel`` sweeps (value columns per program, warps) change only how the
-    work is split, not the result."""
-    run([bushy(17, seed=3), deep_with_twigs(17)], seed=7, launch={"block_v": block_v, "num_warps": num_warps})
+@pytest.mark.parametrize("block_v, num_warps, dot_precision", [(16, 4, "ieee"), (32, 4, "ieee"), (64, 8, "ieee"),
+                                                               (32, 8, "tf32x3")])  # fmt: skip
+def test_every_launch_of_the_sweep_computes_the_same(block_v, num_warps, dot_precision):
+    """The launch settings ``bench.gdn_tree_kernel`` sweeps (value columns per program, warps, the products'
+    precision: three-pass TF32 keeps fp32's accuracy within the tolerance) change only how the work is split."""
+    run([bushy(17, seed=3), deep_with_twigs(17)], seed=7,
+        launch={"block_v": block_v, "num_warps": num_warps, "dot_precision": dot_precision})
 
 
 @pytest.mark.parametrize("gating", ["keep", "forget"])
@@ -166,18 +168,20 @@ def test_the_workspace_fits_in_sglangs_snapshot_buffer_and_in_three_snapshots():
         assert workspace_numel(T, HV=48, K=128, V=128) <= min(T, 3) * snapshot
 
 
-@pytest.mark.parametrize("bad", ["key_dim", "workspace"])
+@pytest.mark.parametrize("bad", ["key_dim", "workspace", "precision"])
 def test_inputs_the_kernel_cannot_serve_are_refused(bad):
     inputs = layer_inputs(1, 4, seed=0, gating="mixed")
     workspace = torch.zeros(1, workspace_numel(4, HV, K, V))
     if bad == "key_dim":
         inputs["q"], inputs["k"] = inputs["q"][..., :24], inputs["k"][..., :24]
-    else:
+    elif bad == "workspace":
         workspace = workspace[:, :-1].contiguous()
-    with pytest.raises(ValueError, match={"key_dim": "power-of-two key dim", "workspace": "float32 workspace"}[bad]):
+    expected = {"key_dim": "power-of-two key dim", "workspace": "float32 workspace", "precision": "dot_precision"}
+    with pytest.raises(ValueError, match=expected[bad]):
         gdn_tree_verify(**inputs, ssm_states=torch.zeros(1, HV, V, inputs["k"].shape[-1]),
                         cache_indices=torch.zeros(1, dtype=torch.int64), parents=torch.tensor([[-1, 0, 1, 2]]),
-                        workspace=workspace, workspace_indices=torch.zeros(1, dtype=torch.int64), scale=1.0)  # fmt: skip
+                        workspace=workspace, workspace_indices=torch.zeros(1, dtype=torch.int64), scale=1.0,
+                        dot_precision="tf32" if bad == "precision" else "ieee")  # fmt: skip
 
 
 def test_outputs_and_committed_state_equal_sglangs_snapshot_tree_verify():

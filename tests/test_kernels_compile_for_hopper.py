@@ -3,7 +3,7 @@
 The CPU tests run the kernels under Triton's interpreter, which executes them as Python and skips the compiler's
 type rules. So a loop-carried variable that changed dtype (int32 -> int64, loading a tree's int64 parents) passed
 every CPU test and failed to compile on the H200 (tests/gpu/RESULTS.md run 51). Here each kernel's first launch in
-a few of the kernel specifications below (one per setting of its boolean switches) is recorded under the interpreter (argument dtypes and constexpr values),
+a few of the kernel specifications below (one per setting of its boolean and string switches) is recorded under the interpreter (argument dtypes and constexpr values),
 and a child process without the interpreter lowers each launch to Triton IR for sm_90: the compiler's front end,
 which needs no GPU.
 """
@@ -106,7 +106,8 @@ def launches() -> list[dict]:
 
     def recording_run(self, *args, **kwargs):
         record = launch_record(self.fn, args, kwargs)
-        switches = sorted((name, value) for name, value in record["constexprs"].items() if isinstance(value, bool))
+        switches = sorted((name, value) for name, value in record["constexprs"].items()
+                          if isinstance(value, (bool, str)))  # fmt: skip
         recorded.setdefault(f"{record['kernel']}{switches}", record)  # each variant a switch compiles in
         return original_run(self, *args, **kwargs)
 
@@ -119,6 +120,7 @@ def launches() -> list[dict]:
         tree.test_the_first_child_branch_kernel_walks_each_trees_chain_as_the_plain_loop_does(per_request=True)
         packed.test_a_request_sees_its_whole_prefix_and_exactly_its_ancestors()
         gdn.test_commit_of_the_root_alone_is_one_recurrence_step()
+        gdn.test_every_launch_of_the_sweep_computes_the_same(32, 8, "tf32x3")
         accept.test_the_kernel_accepts_the_path_sglangs_sibling_walk_accepts(bs=4, depth=15, vocab=1000, budget=64)
         accept.test_under_the_simulation_the_first_child_chain_is_committed_up_to_the_drawn_length(per_request=False)
         accept.test_under_the_simulation_the_first_child_chain_is_committed_up_to_the_drawn_length(per_request=True)

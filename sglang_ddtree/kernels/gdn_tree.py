@@ -28,7 +28,7 @@ keys under the same mask — into a scratch of ``2 NP^2`` floats per (request, v
 Keys, queries and states are read in chunks of 32 key columns, so no program holds an ``[NP, K]`` tile whole
 (the earlier single kernel did, once per value block; 8 warps instead of 4 halved its time,
 ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16`` (``tl.dot``'s minimum), dots in IEEE
-fp32.
+fp32 (three-pass TF32 on the bench's request, ``DOT_PRECISIONS``).
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
@@ -48,6 +48,9 @@ from sglang_ddtree.kernels.gdn_workspace import workspace_numel
 
 
 _BK = 32  # key columns per chunk: no program holds a whole [nodes, 128] tile of queries, keys or states
+# The products' precision: IEEE fp32 on CUDA cores, or three TF32 tensor-core products that keep fp32's accuracy
+# to within a few ulps (for ``bench.gdn_tree_kernel`` to weigh; "ieee" until measured).
+DOT_PRECISIONS = ("ieee", "tf32x3")
 
 
 def _factor_warps(NP: int) -> int:
@@ -91,6 +94,7 @@ def _gdn_tree_factor_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr,
     scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     """Per (request, value head): what does not depend on the values. ``M = (I + A)^-1 diag(beta)``, with ``A[i,
     j] = beta_i exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = M (v - gamma K
@@ -124,8 +128,8 @@ def _gdn_tree_factor_kernel(
         o_k = c + tl.arange(0, BK)
         b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
         b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
-        qk += tl.dot(b_q, tl.trans(b_k), input_precision="ieee")
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision="ieee")
+        qk += tl.dot(b_q, tl.trans(b_k), input_precision=DOT)
+        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT)
         q_sq += tl.sum(b_q * b_q, 1)
         k_sq += tl.sum(b_k * b_k, 1)
     inv_k = 1.0 / tl.sqrt(k_sq + 1e-6)
@@ -138,7 +142,7 @@ def _gdn_tree_factor_kernel(
     # and its ancestors sit at smaller depths (forward substitution, all nodes of one depth at once).
     inverse = tl.where(eye, 1.0, 0.0)
     for d in range(1, tl.max(depth, 0) + 1):
-        level = tl.where(eye, 1.0, 0.0) - tl.dot(a_mat, inverse, input_precision="ieee")
+        level = tl.where(eye, 1.0, 0.0) - tl.dot(a_mat, inverse, input_precision=DOT)
         inverse = tl.where((depth == d)[:, None], level, inverse)
     mp = mp_ptr + i_nh.to(tl.int64) * 2 * NP * NP + rows[:, None] * NP + cols[None, :]
     tl.store(mp, inverse * b_beta[None, :])
@@ -161,7 +165,7 @@ def _gdn_tree_apply_kernel(
     q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr, o_ptr,
     scale, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
-    BK: tl.constexpr,
+    BK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """Per (request, value head, ``BV`` value columns): ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``
     with the factor kernel's ``M``, ``P`` and ``G``; ``S0`` and ``u`` to the workspace."""
@@ -189,17 +193,17 @@ def _gdn_tree_apply_kernel(
         tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
         b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
         b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
-        q_h0 += tl.dot(b_q, b_h0, input_precision="ieee")
-        k_h0 += tl.dot(b_k, b_h0, input_precision="ieee")
+        q_h0 += tl.dot(b_q, b_h0, input_precision=DOT)
+        k_h0 += tl.dot(b_k, b_h0, input_precision=DOT)
         q_sq += tl.sum(b_q * b_q, 1)
         k_sq += tl.sum(b_k * b_k, 1)
     gamma = tl.exp(tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0))
     b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                   other=0).to(tl.float32)  # fmt: skip
     mp = mp_ptr + i_nh.to(tl.int64) * 2 * NP * NP + rows[:, None] * NP + cols[None, :]
-    b_u = tl.dot(tl.load(mp), b_v - (gamma / tl.sqrt(k_sq + 1e-6))[:, None] * k_h0, input_precision="ieee")
+    b_u = tl.dot(tl.load(mp), b_v - (gamma / tl.sqrt(k_sq + 1e-6))[:, None] * k_h0, input_precision=DOT)
     b_o = (gamma * scale / tl.sqrt(q_sq + 1e-6))[:, None] * q_h0 + tl.dot(tl.load(mp + NP * NP), b_u,
-                                                                         input_precision="ieee")  # fmt: skip
+                                                                         input_precision=DOT)  # fmt: skip
     out_mask = valid[:, None] & mask_v[None, :]
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
     tl.store(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
@@ -210,6 +214,7 @@ def _gdn_tree_commit_kernel(
     dst_ptr, stride_dst_layer, stride_dst_slot, ws_ptr, stride_ws_layer, stride_ws_request,
     dst_indices_ptr, nodes_ptr, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+    DOT: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh, i_layer = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -239,7 +244,7 @@ def _gdn_tree_commit_kernel(
             o_k = c + tl.arange(0, BK)
             b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=on_path[:, None], other=0)
             b_h0 = tl.load(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0)
-            b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weighted_u, input_precision="ieee")  # [BK, BV]
+            b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weighted_u, input_precision=DOT)  # [BK, BV]
             p_h = dst + o_v[None, :] * K + o_k[:, None]
             tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
 
@@ -267,6 +272,7 @@ def gdn_tree_verify(
     capacity: Optional[int] = None,
     block_v: Optional[int] = None,
     num_warps: Optional[int] = None,
+    dot_precision: str = "ieee",
 ) -> torch.Tensor:
     """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
     (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
@@ -274,7 +280,8 @@ def gdn_tree_verify(
     for trees of ``capacity`` nodes (default ``T``): the layout :func:`gdn_tree_commit` reads with the same
     ``T``, so that a server whose steps verify trees of different widths (``--budget auto``) commits from one
     layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the apply kernel's launch
-    (default :func:`_apply_launch`), for ``bench.gdn_tree_kernel``'s sweep."""
+    (default :func:`_apply_launch`); ``dot_precision``: one of :data:`DOT_PRECISIONS`; both for
+    ``bench.gdn_tree_kernel``'s sweep."""
     bs, T, H, K = q.shape
     layout = T if capacity is None else capacity
     if layout < T:
@@ -287,6 +294,8 @@ def gdn_tree_verify(
     if workspace.dtype != torch.float32 or not workspace.is_contiguous() or row < workspace_numel(layout, HV, K, V):
         raise ValueError(f"gdn_tree_verify needs a contiguous float32 workspace of {workspace_numel(layout, HV, K, V)} "
                          f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
+    if dot_precision not in DOT_PRECISIONS:
+        raise ValueError(f"gdn_tree_verify: dot_precision must be one of {DOT_PRECISIONS}, got '{dot_precision}'")
     NP, BK = _padded_nodes(T), min(K, _BK)
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
@@ -295,25 +304,28 @@ def gdn_tree_verify(
     _gdn_tree_factor_kernel[(bs * HV,)](
         q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices, row,
         factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BK=BK,
-        num_warps=_factor_warps(NP),
+        DOT=dot_precision, num_warps=_factor_warps(NP),
     )  # fmt: skip
     o = torch.empty_like(v)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q, k, v.contiguous(), ssm_states, cache_indices, ssm_states.stride(0), workspace, workspace_indices, row,
-        factors, o, scale, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, num_warps=num_warps,
+        factors, o, scale, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, DOT=dot_precision,
+        num_warps=num_warps,
     )  # fmt: skip
     return o
 
 
 def gdn_tree_commit(
     dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int,
-    block_v: Optional[int] = None, num_warps: Optional[int] = None,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None, dot_precision: str = "ieee",
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
     path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
     requests, ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``;
-    the tree verified may have had fewer, the nodes of its paths are all below ``T``); ``block_v``, ``num_warps``:
-    the launch, as for :func:`gdn_tree_verify` (default: :func:`_commit_launch`)."""
+    the tree verified may have had fewer, the nodes of its paths are all below ``T``); ``block_v``, ``num_warps``,
+    ``dot_precision``: as for :func:`gdn_tree_verify` (default launch: :func:`_commit_launch`)."""
+    if dot_precision not in DOT_PRECISIONS:
+        raise ValueError(f"gdn_tree_commit: dot_precision must be one of {DOT_PRECISIONS}, got '{dot_precision}'")
     layers, _, HV, V, K = dst.shape
     NP = _padded_nodes(T)
     default_bv, default_warps = _commit_launch(NP)
@@ -321,5 +333,6 @@ def gdn_tree_commit(
     grid = (triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](
         dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
-        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=min(K, _BK), num_warps=num_warps,
+        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=min(K, _BK), DOT=dot_precision,
+        num_warps=num_warps,
     )  # fmt: skip
