@@ -49,7 +49,7 @@ def launch_configs(text: str) -> list[tuple[int, int, str]]:
         try:
             block_v, warps = (int(x) for x in launch.split("x"))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"'{item}' is not BVxWARPS[:PRECISION], e.g. 32x4 or 64x8:tf32x3") from None
+            raise argparse.ArgumentTypeError(f"'{item}' is not BVxWARPS[:PRECISION], e.g. 64x8:tf32x3") from None
         if block_v < 16 or block_v & (block_v - 1) or warps not in (1, 2, 4, 8, 16):
             raise argparse.ArgumentTypeError(f"'{item}': BV a power of two >= 16, WARPS one of 1, 2, 4, 8, 16")
         if (precision or ("" if colon else "ieee")) not in DOT_PRECISIONS:

@@ -23,12 +23,12 @@ node's into its track slot).
 Two kernels per layer, FLA's chunked form for one chunk that is a tree: one program per (request, value head)
 builds what the values do not enter — the ancestor closure, ``M = (I + A)^-1 diag(beta)`` (``A`` the keys'
 products under the ancestor mask, inverted one tree level at a time) and ``P``, the queries' products with the
-keys under the same mask — into a scratch of ``2 NP^2`` floats per (request, value head); then one program per
+keys under the same mask — into a scratch of ``2 NP (NP + 1)`` floats per (request, value head); then one program per
 (request, value head, ``BV`` value columns) applies them: ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``.
 Keys, queries and states are read in chunks of 32 key columns, so no program holds an ``[NP, K]`` tile whole
 (the earlier single kernel did, once per value block; 8 warps instead of 4 halved its time,
-``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16`` (``tl.dot``'s minimum), dots in IEEE
-fp32 (three-pass TF32 on the bench's request, ``DOT_PRECISIONS``).
+``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16``
+(``tl.dot``'s minimum); the products in IEEE fp32 (three-pass TF32 on the bench's request, ``DOT_PRECISIONS``).
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
@@ -77,6 +77,19 @@ def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
+def _factor_numel(NP: tl.constexpr):
+    """Floats of one (request, value head)'s factors: ``M``, ``P``, then ``gamma / |k|`` and ``gamma scale / |q|``
+    per row (the apply kernel's products use the raw keys and queries)."""
+    return 2 * NP * NP + 2 * NP
+
+
+@triton.jit
+def _head_columns(ptr, tok, valid, i_h, o_k, H: tl.constexpr, K: tl.constexpr):
+    """Columns ``o_k`` of key head ``i_h`` for the tree's rows (``[bs * T, H, K]`` queries or keys), fp32."""
+    return tl.load(ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+
+
+@triton.jit
 def _ancestors(parents_ptr, rows, valid, NP: tl.constexpr):
     """``anc[i, j]``: node ``j`` is ``i`` or an ancestor of ``i``, walking every row's parent chain at once, as
     many steps as the deepest node has ancestors (a DDTree is at most its block deep, however wide)."""
@@ -99,7 +112,8 @@ def _gdn_tree_factor_kernel(
     """Per (request, value head): what does not depend on the values. ``M = (I + A)^-1 diag(beta)``, with ``A[i,
     j] = beta_i exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = M (v - gamma K
     S0)``; ``P[i, j] = exp(G_i - G_j) (q_i . k_j)`` over ``j = i`` or an ancestor, so that ``o = gamma Q S0 + P
-    u``; both to ``mp``. To the workspace: ``G``, the unit keys and (once per request) the parents."""
+    u``; both to ``mp`` with each row's ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace: ``G``, the
+    unit keys and (once per request) the parents."""
     i_nh = tl.program_id(0)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -126,8 +140,8 @@ def _gdn_tree_factor_kernel(
     k_sq = tl.zeros([NP], dtype=tl.float32)
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
-        b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
-        b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
+        b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
         qk += tl.dot(b_q, tl.trans(b_k), input_precision=DOT)
         kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT)
         q_sq += tl.sum(b_q * b_q, 1)
@@ -144,16 +158,20 @@ def _gdn_tree_factor_kernel(
     for d in range(1, tl.max(depth, 0) + 1):
         level = tl.where(eye, 1.0, 0.0) - tl.dot(a_mat, inverse, input_precision=DOT)
         inverse = tl.where((depth == d)[:, None], level, inverse)
-    mp = mp_ptr + i_nh.to(tl.int64) * 2 * NP * NP + rows[:, None] * NP + cols[None, :]
-    tl.store(mp, inverse * b_beta[None, :])
-    tl.store(mp + NP * NP, tl.where(anc, decay * qk * inv_q[:, None] * inv_k[None, :], 0.0))
+    factors = mp_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    tl.store(factors + rows[:, None] * NP + cols[None, :], inverse * b_beta[None, :])
+    tl.store(factors + NP * NP + rows[:, None] * NP + cols[None, :],
+             tl.where(anc, decay * qk * inv_q[:, None] * inv_k[None, :], 0.0))  # fmt: skip
+    gamma = tl.exp(b_G)
+    tl.store(factors + 2 * NP * NP + rows, gamma * inv_k)
+    tl.store(factors + 2 * NP * NP + NP + rows, gamma * inv_q)
 
     ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
     off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
     tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
-        b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
         tl.store(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k[:, None], mask=valid[:, None])
     if i_hv == 0:
         tl.store(ws + off_p + rows, tl.load(req_parents + rows, mask=valid & (rows > 0), other=-1).to(tl.float32),
@@ -163,12 +181,12 @@ def _gdn_tree_factor_kernel(
 @triton.jit
 def _gdn_tree_apply_kernel(
     q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr, o_ptr,
-    scale, T, T_LAYOUT,
+    T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
     BK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """Per (request, value head, ``BV`` value columns): ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``
-    with the factor kernel's ``M``, ``P`` and ``G``; ``S0`` and ``u`` to the workspace."""
+    with the factor kernel's ``M``, ``P`` and row scales; ``S0`` and ``u`` to the workspace."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -184,26 +202,23 @@ def _gdn_tree_apply_kernel(
     slot = tl.load(h0_indices_ptr + i_n).to(tl.int64)
     q_h0 = tl.zeros([NP, BV], dtype=tl.float32)
     k_h0 = tl.zeros([NP, BV], dtype=tl.float32)
-    q_sq = tl.zeros([NP], dtype=tl.float32)
-    k_sq = tl.zeros([NP], dtype=tl.float32)
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
         b_h0 = tl.load(h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None],
                        mask=mask_v[None, :] & (slot >= 0), other=0).to(tl.float32)  # [BK, BV]  # fmt: skip
         tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
-        b_q = tl.load(q_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
-        b_k = tl.load(k_ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+        b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
+        b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
         q_h0 += tl.dot(b_q, b_h0, input_precision=DOT)
         k_h0 += tl.dot(b_k, b_h0, input_precision=DOT)
-        q_sq += tl.sum(b_q * b_q, 1)
-        k_sq += tl.sum(b_k * b_k, 1)
-    gamma = tl.exp(tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0))
     b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                   other=0).to(tl.float32)  # fmt: skip
-    mp = mp_ptr + i_nh.to(tl.int64) * 2 * NP * NP + rows[:, None] * NP + cols[None, :]
-    b_u = tl.dot(tl.load(mp), b_v - (gamma / tl.sqrt(k_sq + 1e-6))[:, None] * k_h0, input_precision=DOT)
-    b_o = (gamma * scale / tl.sqrt(q_sq + 1e-6))[:, None] * q_h0 + tl.dot(tl.load(mp + NP * NP), b_u,
-                                                                         input_precision=DOT)  # fmt: skip
+    factors = mp_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    square = rows[:, None] * NP + cols[None, :]
+    key_scale = tl.load(factors + 2 * NP * NP + rows)  # gamma / |k|: raw keys and queries times S0 above
+    query_scale = tl.load(factors + 2 * NP * NP + NP + rows)  # gamma * scale / |q|
+    b_u = tl.dot(tl.load(factors + square), b_v - key_scale[:, None] * k_h0, input_precision=DOT)
+    b_o = query_scale[:, None] * q_h0 + tl.dot(tl.load(factors + NP * NP + square), b_u, input_precision=DOT)
     out_mask = valid[:, None] & mask_v[None, :]
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
     tl.store(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
@@ -300,7 +315,7 @@ def gdn_tree_verify(
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
     q, k = q.contiguous(), k.contiguous()
-    factors = torch.empty(bs * HV, 2, NP, NP, dtype=torch.float32, device=q.device)  # M and P, per layer call
+    factors = torch.empty(bs * HV, 2 * NP * (NP + 1), dtype=torch.float32, device=q.device)  # per layer call
     _gdn_tree_factor_kernel[(bs * HV,)](
         q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices, row,
         factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BK=BK,
@@ -309,7 +324,7 @@ def gdn_tree_verify(
     o = torch.empty_like(v)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q, k, v.contiguous(), ssm_states, cache_indices, ssm_states.stride(0), workspace, workspace_indices, row,
-        factors, o, scale, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, DOT=dot_precision,
+        factors, o, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, DOT=dot_precision,
         num_warps=num_warps,
     )  # fmt: skip
     return o
