@@ -54,17 +54,19 @@ DOT_PRECISIONS = ("ieee", "tf32x3")
 
 
 def _factor_warps(NP: int) -> int:
-    """Warps of the factor kernel, whose live tiles are a handful of [NP, NP] ones."""
+    """Warps of the factor kernel, whose live tiles are a handful of [NP, NP] ones (a first choice, not yet
+    measured: ``bench.gdn_tree_kernel`` sweeps the apply kernel's launch)."""
     return 4 if NP <= 16 else 8 if NP <= 64 else 16
 
 
 def _apply_launch(NP: int) -> tuple[int, int]:
-    """(value columns per program, warps) of the apply kernel: [NP, NP] factors and [NP, BV] tiles."""
+    """(value columns per program, warps) of the apply kernel: [NP, NP] factors and [NP, BV] tiles (a first
+    choice, for the sweep to correct)."""
     return (32, 4) if NP <= 32 else (32, 8)
 
 
 def _commit_launch(NP: int) -> tuple[int, int]:
-    """The commit's: [NP, BV] and [NP, BK] tiles, the key chunks in turn."""
+    """The commit's: [NP, BV] and [NP, BK] tiles, the key chunks in turn (a first choice, as above)."""
     return (32, 4) if NP <= 64 else (32, 8)
 
 
@@ -104,7 +106,7 @@ def _ancestors(parents_ptr, rows, valid, NP: tl.constexpr):
 
 @triton.jit
 def _gdn_tree_factor_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr,
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr,
     scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr,
     DOT: tl.constexpr,
@@ -112,7 +114,7 @@ def _gdn_tree_factor_kernel(
     """Per (request, value head): what does not depend on the values. ``M = (I + A)^-1 diag(beta)``, with ``A[i,
     j] = beta_i exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = M (v - gamma K
     S0)``; ``P[i, j] = exp(G_i - G_j) (q_i . k_j)`` over ``j = i`` or an ancestor, so that ``o = gamma Q S0 + P
-    u``; both to ``mp`` with each row's ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace: ``G``, the
+    u``; both to ``factors`` with each row's ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace: ``G``, the
     unit keys and (once per request) the parents."""
     i_nh = tl.program_id(0)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -158,7 +160,7 @@ def _gdn_tree_factor_kernel(
     for d in range(1, tl.max(depth, 0) + 1):
         level = tl.where(eye, 1.0, 0.0) - tl.dot(a_mat, inverse, input_precision=DOT)
         inverse = tl.where((depth == d)[:, None], level, inverse)
-    factors = mp_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
     tl.store(factors + rows[:, None] * NP + cols[None, :], inverse * b_beta[None, :])
     tl.store(factors + NP * NP + rows[:, None] * NP + cols[None, :],
              tl.where(anc, decay * qk * inv_q[:, None] * inv_k[None, :], 0.0))  # fmt: skip
@@ -180,7 +182,7 @@ def _gdn_tree_factor_kernel(
 
 @triton.jit
 def _gdn_tree_apply_kernel(
-    q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, mp_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr, o_ptr,
     T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
     BK: tl.constexpr, DOT: tl.constexpr,
@@ -213,7 +215,7 @@ def _gdn_tree_apply_kernel(
         k_h0 += tl.dot(b_k, b_h0, input_precision=DOT)
     b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                   other=0).to(tl.float32)  # fmt: skip
-    factors = mp_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
     square = rows[:, None] * NP + cols[None, :]
     key_scale = tl.load(factors + 2 * NP * NP + rows)  # gamma / |k|: raw keys and queries times S0 above
     query_scale = tl.load(factors + 2 * NP * NP + NP + rows)  # gamma * scale / |q|
