@@ -26,7 +26,9 @@ log-probability margin there (AR's per-token top-2 are recorded in an extra, unt
 A step's cost depends on shapes, not weights: on a random-weight target (``--load-format dummy`` after ``--``),
 ``--simulate-tau ALGO=MEAN`` makes that algorithm's servers commit a drawn length of mean MEAN per verify (SGLang's
 cost-only ``SGLANG_SIMULATE_ACC_LEN``; DDTREE along each tree's best branch, or per request from the histogram
-file in ``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``), with ``--ignore-eos`` so that every request runs its length;
+file in ``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``), ``--simulate-tau-by-width 'ddtree auto=2:1.5,17:4.06'`` a
+mean per verify width (what ``--budget auto`` weighs against its step times), with ``--ignore-eos`` so that every
+request runs its length;
 the report names the simulated configurations and compares their outputs with nothing (AR's top-2 pass is
 skipped). ``--datasets random --random-prompt-len N`` sends N-token prompts of seeded random token ids
 (``--num-prompts`` of them) instead of MT-Bench/HumanEval. ``--rounds R``: each cell sends only its first R x
@@ -183,6 +185,9 @@ def markdown(meta: dict, rows: list[dict], divergences: list[dict]) -> str:
         *(["**Simulated acceptance (cost only, outputs are not the target's)**: mean tau "
            + ", ".join(f"{algo} {tau:g}" for algo, tau in meta["simulated_tau"].items()), ""]
           if meta.get("simulated_tau") else []),
+        *(["**Simulated acceptance by verify width (cost only)**: "
+           + "; ".join(f"{config} {table}" for config, table in meta["simulated_tau_by_width"].items()), ""]
+          if meta.get("simulated_tau_by_width") else []),
         "| config | dataset | T | conc. | req | tau | decode tok/s | e2e tok/s | TTFT (s) | TPOT (ms) | output tok/s "
         "| vs AR | vs MTP |",
         "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
@@ -262,7 +267,8 @@ def write_report(out: Path, meta: dict, records: list[RequestRecord], ar_top2: d
                  step_profiles: Sequence[dict] = ()) -> dict:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    simulated = {r.config for r in records if simulation_env(r.config, meta.get("simulated_tau") or {})}
+    simulated = {r.config for r in records
+                 if simulation_env(r.config, meta.get("simulated_tau") or {}, meta.get("simulated_tau_by_width"))}
     divergences = greedy_divergences(records, ar_top2, simulated)
     report = {"meta": meta, "summary": rows, "divergences": divergences, "step_profiles": list(step_profiles),
               "requests": [asdict(r) for r in records], "ar_top2": ar_top2}  # fmt: skip
@@ -445,6 +451,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--simulate-tau", type=simulated_taus, default={},
                         help="ALGO=MEAN,...: that algorithm's servers simulate acceptance (SGLANG_SIMULATE_ACC_LEN, "
                         "cost only)")  # fmt: skip
+    parser.add_argument("--simulate-tau-by-width", action="append", default=[], metavar="CONFIG=WIDTH:MEAN,...",
+                        help="a DDTree configuration's simulated mean per verify width (e.g. 'ddtree auto=2:1.5,"
+                        "17:4.06'; SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH, cost only): what --budget auto chooses from")
     parser.add_argument("--tokenizer-path", help="tokenizer of the prompts (default: the model's; for a config-only "
                         "random-weight model folder)")  # fmt: skip
     parser.add_argument("--random-prompt-len", type=int, default=1024,
@@ -469,6 +478,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--step-time-table is the table of --budgets auto")
     if {key.split()[0] for key in args.simulate_tau} - ({"mtp", "dflash", "ddtree"} & set(args.algos)):
         parser.error("--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)")
+    try:
+        args.simulate_tau_by_width = simulated_width_tables(args.simulate_tau_by_width)
+    except ValueError as e:
+        parser.error(f"--simulate-tau-by-width: {e}")
+    unknown_configs = set(args.simulate_tau_by_width) - set(configurations(args))
+    if unknown_configs:
+        parser.error(f"--simulate-tau-by-width names {', '.join(sorted(unknown_configs))}: not a configuration of "
+                     f"this run ({', '.join(configurations(args))})")  # fmt: skip
     if "random" in args.datasets and (args.num_prompts < 1 or args.random_prompt_len < 1):
         parser.error("--datasets random needs --num-prompts and --random-prompt-len of at least 1")
     if args.rounds < 0:
@@ -499,10 +516,33 @@ def simulated_taus(text: str) -> dict[str, float]:
     return taus
 
 
-def simulation_env(config: str, simulate_tau: dict[str, float]) -> dict[str, str]:
+def simulated_width_tables(items: list[str]) -> dict[str, str]:
+    """``["ddtree auto=2:1.5,17:4.06"]`` -> ``{"ddtree auto": "2:1.5,17:4.06"}`` (``--simulate-tau-by-width``), each
+    table checked as the server will read it."""
+    from sglang_ddtree.speculative.ddtree_simulation import parse_width_means
+
+    tables = {}
+    for item in items:
+        config, _, table = item.rpartition("=")
+        if not config.startswith("ddtree"):
+            raise ValueError(f"'{item}' is not DDTREE_CONFIG=WIDTH:MEAN,..., e.g. 'ddtree auto=2:1.5,17:4.06'")
+        parse_width_means(table)
+        tables[config] = table
+    return tables
+
+
+def simulation_env(config: str, simulate_tau: dict[str, float], width_tables: Optional[dict[str, str]] = None
+                   ) -> dict[str, str]:  # fmt: skip
     """SGLang's cost-only acceptance knob for a configuration that ``--simulate-tau`` names, or whose algorithm it
-    names."""
+    names; for one that ``--simulate-tau-by-width`` names, its width table beside the knob (set to the widest
+    width's mean unless ``--simulate-tau`` gives one: SGLang simulates only while it is positive)."""
     tau = simulate_tau.get(config, simulate_tau.get(config.split()[0]))
+    table = (width_tables or {}).get(config)
+    if table is not None:
+        from sglang_ddtree.speculative.ddtree_simulation import BY_WIDTH_ENV, parse_width_means
+
+        tau = tau if tau is not None else parse_width_means(table)[-1][1]
+        return {"SGLANG_SIMULATE_ACC_LEN": str(tau), BY_WIDTH_ENV: table}
     return {"SGLANG_SIMULATE_ACC_LEN": str(tau)} if tau is not None else {}
 
 
@@ -555,7 +595,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,
             "max_new_tokens": args.max_new_tokens, "commands": commands, "shared_flags": shared, "args": vars(args),
-            "simulated_tau": args.simulate_tau,
+            "simulated_tau": args.simulate_tau, "simulated_tau_by_width": args.simulate_tau_by_width,
             "auto_budget_cells": previous_auto_budget_cells(out) if args.resume else []}  # fmt: skip
     cells = [(t, c) for t in args.temperatures for c in args.concurrency]
     todo = {config: launch_args for config, launch_args in configs.items() if config not in done}
@@ -565,12 +605,13 @@ def main(argv: Optional[list[str]] = None) -> None:
             commands[config] = ["python", "-m", "sglang_ddtree.launch", *launch_args, *shared]
             log = str(out / f"server_{config.replace(' ', '_')}.log")
             profile = args.profile_steps and config.startswith("ddtree")
-            env = {**({PROFILE_STEPS_ENV: "1"} if profile else {}), **simulation_env(config, args.simulate_tau)}
+            env = {**({PROFILE_STEPS_ENV: "1"} if profile else {}),
+                   **simulation_env(config, args.simulate_tau, args.simulate_tau_by_width)}  # fmt: skip
             with launched_server([*launch_args, *shared], log_path=log, env=env or None, ready_timeout=900) \
                     if config not in attached else _attached(attached[config]) as url:  # fmt: skip
                 run_cell(url, config, warmup, 0.0, 1, 32)
                 flush_prefix_cache(url)
-                if config == "ar" and 0.0 in args.temperatures and not args.simulate_tau:
+                if config == "ar" and 0.0 in args.temperatures and not (args.simulate_tau or args.simulate_tau_by_width):
                     ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
                 for temperature, concurrency in cells:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")

@@ -321,8 +321,9 @@ def _check_no_stray_auto_budget_variables(request: LaunchRequest) -> None:
 
 
 def _check_simulated_acceptance() -> None:
-    """The cost-only simulation's histogram file (``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``) reads, and SGLang's own
-    knob is on beside it (SGLang calls the simulation only then): checked here rather than in the worker."""
+    """The cost-only simulation's histogram file (``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM``) reads or its width table
+    (``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH``) parses, one of them at most, and SGLang's own knob is on beside it
+    (SGLang calls the simulation only then): checked here rather than in the worker."""
     from sglang_ddtree.speculative.ddtree_simulation import check_simulation_settings
 
     raw = os.environ.get("SGLANG_SIMULATE_ACC_LEN", "")

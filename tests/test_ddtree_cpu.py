@@ -178,8 +178,13 @@ def test_tensor_parallel_ranks_measure_one_step_time_row_and_pick_the_same_width
     assert list(auto["measured_step_ms"]) == ["1"], auto
 
 
-@pytest.mark.parametrize("verify", ["sglang", "lean"])
-def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models, verify):
+# SGLang's mean, or the package's per-width means (the budget-8 tree verifies 9 nodes; SGLang's knob stays on)
+SIMULATED_MEAN_3_5 = {"mean": {"SGLANG_SIMULATE_ACC_LEN": "3.5"},
+                      "by_width": {"SGLANG_SIMULATE_ACC_LEN": "1.2", "SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH": "5:2,9:3.5"}}
+
+
+@pytest.mark.parametrize("verify, source", [("sglang", "mean"), ("lean", "mean"), ("lean", "by_width")])
+def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(models, verify, source):
     """``SGLANG_SIMULATE_ACC_LEN`` on DDTREE (cost-only, issue 18): SGLang's "match-expected" draw at 3.5 commits 3
     or 4 tokens per verify, half and half, along each tree's first-child branch. The test drafter's random weights
     give flat distributions, whose best-first trees are stars (a branch of one draft: at most 2 tokens); under the
@@ -188,15 +193,20 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges and the host profiler
     on: each verify's phases and SGLang's verify functions inside it are timed once per verify, and the profile
     finds the worker's step and SGLang's verify inside the decode iterations. The package's greedy verify
-    (the default) simulates in its acceptance kernel, and SGLang's sampling is never called."""
+    (the default) simulates in its acceptance kernel, and SGLang's sampling is never called. With
+    ``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH`` the mean is the one given for the verify's width."""
     target, drafter = models
     engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
               "speculative_num_draft_tokens": 9}  # fmt: skip
     params = {**GREEDY, "max_new_tokens": 40}
     report = run_engine_generate(engine, PROMPTS, params,
-                                 env={"SGLANG_SIMULATE_ACC_LEN": "3.5", "SGLANG_DDTREE_TRACE_RANGES": "1",
+                                 env={**SIMULATED_MEAN_3_5[source], "SGLANG_DDTREE_TRACE_RANGES": "1",
                                       "SGLANG_DDTREE_HOST_PROFILE": "1", **(SGLANG_VERIFY if verify == "sglang" else {})})  # fmt: skip
-    assert report["scheduler_states"][0]["ddtree_simulated_acceptance"]["mean_accept_length"] == 3.5
+    simulated = report["scheduler_states"][0]["ddtree_simulated_acceptance"]
+    if source == "mean":
+        assert simulated["mean_accept_length"] == 3.5
+    else:
+        assert simulated["mean_accept_length_by_width"] == {"5": 2.0, "9": 3.5}
     metas = report["sequential"]["meta_info"]
     assert all(meta["completion_tokens"] == params["max_new_tokens"] for meta in metas)
     verifies = sum(m["spec_verify_ct"] for m in metas)
@@ -272,6 +282,30 @@ def test_per_request_lengths_cut_each_tree_at_its_own_draw():
     next_token = torch.tensor([[1, 3, -1, 4, -1], [1, -1, -1, -1, -1], [1, 2, 3, 4, -1]])
     index = best_branch_accept_index(next_token, torch.tensor([2, 4, 5]), width=5)
     assert index.tolist() == [[0, 1, -1, -1, -1], [5, 6, -1, -1, -1], [10, 11, 12, 13, 14]]
+
+
+def test_per_width_means_are_linear_between_the_given_widths_and_bad_tables_are_named(tmp_path, monkeypatch):
+    """``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH``: a verify of the bonus token alone commits 1; between given widths
+    the mean is linear, past the widest it is the widest's (never more than the width); a table that does not
+    parse, or set beside a histogram file or without SGLang's knob, is refused naming the variable."""
+    from sglang_ddtree.speculative import ddtree_simulation as simulation
+
+    points = simulation.parse_width_means("9:3.5, 5:2")
+    assert points == [(5, 2.0), (9, 3.5)]
+    expected = {1: 1.0, 3: 1.5, 5: 2.0, 7: 2.75, 9: 3.5, 33: 3.5}
+    assert {w: simulation.mean_for_width(points, w) for w in expected} == expected
+    assert simulation.mean_for_width([(2, 2.0)], 65) == 2.0
+    for bad in ("9", "9:x", "1:1", "4:5", "4:0.5", "4:2,4:3", ","):
+        with pytest.raises(ValueError, match=simulation.BY_WIDTH_ENV):
+            simulation.parse_width_means(bad)
+    monkeypatch.setenv(simulation.BY_WIDTH_ENV, "9:3.5")
+    with pytest.raises(ValueError, match=f"{simulation.BY_WIDTH_ENV} needs SGLANG_SIMULATE_ACC_LEN > 0"):
+        simulation.check_simulation_settings(-1.0)
+    simulation.check_simulation_settings(1.2)
+    (tmp_path / "h.json").write_text("[1, 1]")
+    monkeypatch.setenv(simulation.HISTOGRAM_ENV, str(tmp_path / "h.json"))
+    with pytest.raises(ValueError, match="two ways to draw the lengths"):
+        simulation.check_simulation_settings(1.2)
 
 
 def test_histogram_draws_follow_the_file_and_bad_files_are_named(tmp_path, monkeypatch):

@@ -112,19 +112,27 @@ def test_ddtree_passes_sglangs_multi_node_and_data_parallel_flags_through_unchan
     assert flag(argv, "--tp-size") == "2" and flag(argv, "--speculative-algorithm") == "DDTREE"
 
 
+HISTOGRAM, BY_WIDTH = "SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM", "SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH"
+
+
 @pytest.mark.parametrize(
-    "histogram, mean, fragments",
+    "variable, value, mean, fragments",
     [
-        ("[1, 3, 1]", None, ["SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM needs SGLANG_SIMULATE_ACC_LEN > 0"]),
-        ("[1, -3]", "2", ["SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM=", "non-negative weights"]),
-        (None, "two", ["SGLANG_SIMULATE_ACC_LEN='two' is not a number"]),
+        (HISTOGRAM, "[1, 3, 1]", None, [f"{HISTOGRAM} needs SGLANG_SIMULATE_ACC_LEN > 0"]),
+        (HISTOGRAM, "[1, -3]", "2", [f"{HISTOGRAM}=", "non-negative weights"]),
+        (None, None, "two", ["SGLANG_SIMULATE_ACC_LEN='two' is not a number"]),
+        (BY_WIDTH, "9:12", "2", [f"{BY_WIDTH}='9:12'", "between 1 and the width"]),
+        (BY_WIDTH, "9:3", None, [f"{BY_WIDTH} needs SGLANG_SIMULATE_ACC_LEN > 0"]),
     ],
 )
-def test_a_cost_only_simulation_set_up_wrong_is_one_line(models, tmp_path, histogram, mean, fragments):
+def test_a_cost_only_simulation_set_up_wrong_is_one_line(models, tmp_path, variable, value, mean, fragments):
+    """``value``: the histogram file's content, or the width table itself."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_SIMULATE", "SGLANG_DDTREE_SIMULATE"))}
-    if histogram is not None:
-        (tmp_path / "h.json").write_text(histogram)
-        env["SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM"] = str(tmp_path / "h.json")
+    if variable == HISTOGRAM:
+        (tmp_path / "h.json").write_text(value)
+        env[HISTOGRAM] = str(tmp_path / "h.json")
+    elif variable == BY_WIDTH:
+        env[BY_WIDTH] = value
     if mean is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = mean
     result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],

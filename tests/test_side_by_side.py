@@ -139,6 +139,14 @@ def test_the_auto_budget_is_one_configuration_with_its_step_time_table_if_one_is
         (["--algos", "ar", "--url", "http://127.0.0.1:30000"], "--url takes CONFIG=URL, e.g. 'ddtree B=32=http://127.0.0.1:30000'"),
         (["--algos", "ar", "--simulate-tau", "ar=3"], "--simulate-tau names speculative algorithms of --algos (mtp, dflash, ddtree)"),
         (["--algos", "ar", "--datasets", "random"], "--datasets random needs --num-prompts and --random-prompt-len of at least 1"),
+        (["--algos", "ar", "--simulate-tau-by-width", "mtp=2:1.5"],
+         "--simulate-tau-by-width: 'mtp=2:1.5' is not DDTREE_CONFIG=WIDTH:MEAN,..., e.g. 'ddtree auto=2:1.5,17:4.06'"),
+        (["--algos", "ddtree", "--draft-model-path", "D", "--budgets", "16", "--simulate-tau-by-width",
+          "ddtree auto=2:1.5"], "--simulate-tau-by-width names ddtree auto: not a configuration of this run "
+         "(ddtree B=16)"),
+        (["--algos", "ddtree", "--draft-model-path", "D", "--budgets", "auto", "--simulate-tau-by-width",
+          "ddtree auto=2:3"], "--simulate-tau-by-width: SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH='2:3': expected "
+         "WIDTH:MEAN,... with each width >= 2 and its mean between 1 and the width, got '2:3'"),
     ],
 )
 def test_bad_arguments_are_refused_with_the_reason(argv, message, capsys):
@@ -321,6 +329,20 @@ def test_rounds_send_rounds_times_concurrency_prompts_per_cell_and_simulated_run
     with pytest.raises(SystemExit) as exit_info:
         side_by_side.main([*argv[:-2], "--rounds", "3", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
+
+
+def test_a_width_table_goes_to_its_configuration_beside_sglangs_knob_and_the_report_says_so():
+    """``--simulate-tau-by-width``: the auto server draws each verify's length around its width's mean; SGLang's
+    knob, which must be on for any simulation, defaults to the widest width's mean."""
+    args, _ = side_by_side.parse_args(["--model-path", "M", "--draft-model-path", "D", "--out", "o", "--algos",
+                                       "ddtree", "--budgets", "auto,16", "--simulate-tau-by-width",
+                                       "ddtree auto=2:1.5,17:4.06"])  # fmt: skip
+    assert args.simulate_tau_by_width == {"ddtree auto": "2:1.5,17:4.06"}
+    assert side_by_side.simulation_env("ddtree auto", args.simulate_tau, args.simulate_tau_by_width) == {
+        "SGLANG_SIMULATE_ACC_LEN": "4.06", "SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH": "2:1.5,17:4.06"}
+    assert side_by_side.simulation_env("ddtree B=16", args.simulate_tau, args.simulate_tau_by_width) == {}
+    text = side_by_side.markdown({"simulated_tau_by_width": args.simulate_tau_by_width}, [], [])
+    assert "**Simulated acceptance by verify width (cost only)**: ddtree auto 2:1.5,17:4.06" in text
 
 
 def test_simulated_configurations_are_not_compared_with_ars_outputs():

@@ -99,7 +99,7 @@ def run_greedy_tree_verify(
     bs, accept_width = len(batch.seq_lens), verify_input.max_tree_depth
     with traced_range("accept_tree_greedy"):
         target_predict = torch.argmax(logits_output.next_token_logits, dim=-1)
-        lengths = simulated_lengths(bs, accept_width, target_predict.device) if simulating else None
+        lengths = simulated_lengths(bs, accept_width, target_predict.device, width) if simulating else None
         accepted = accept_tree_greedy(
             target_predict, tree.draft_token, tree.parent, tree.depth, tree.ancestor_bits, batch.seq_lens,
             accept_width, simulated_length=lengths, next_token=tree.retrieve_next_token,

@@ -16,12 +16,16 @@ costs what a real one does. The committed tokens are not the target's: the serve
 
 ``SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM=FILE`` draws each request's length from a measured distribution instead
 (a JSON list: entry ``L - 1`` is the weight of committing ``L`` tokens, e.g. a verify's acceptance histogram),
-one draw per request per verify. SGLang calls the helper only while ``SGLANG_SIMULATE_ACC_LEN`` is positive, so
+one draw per request per verify. ``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH=W:MEAN,...`` makes the mean depend on the
+verify's width (nodes, root included; linear between the given widths, from 1 token at width 1, the last mean
+past the widest), so that ``--budget auto`` meets a wider tree that commits more at a higher cost and its choice
+can be measured on random weights. SGLang calls the helper only while ``SGLANG_SIMULATE_ACC_LEN`` is positive, so
 that stays set (to the histogram's mean, for the other algorithms of a comparison).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import logging
@@ -34,13 +38,15 @@ logger = logging.getLogger(__name__)
 
 SIMULATE_TARGET = "sglang.srt.speculative.spec_utils.generate_simulated_accept_index"
 HISTOGRAM_ENV = "SGLANG_DDTREE_SIMULATE_ACC_HISTOGRAM"
+BY_WIDTH_ENV = "SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH"
 
 
 class _CurrentTree:
-    """The tree being verified (its first-child links), set by the worker just before SGLang's verify, which
-    does not pass the tree to the simulation helper."""
+    """The tree being verified (its first-child links and its width), set by the worker just before SGLang's
+    verify, which does not pass the tree to the simulation helper."""
 
     next_token: Optional[torch.Tensor] = None
+    width: int = 0
 
 
 CURRENT_TREE = _CurrentTree()
@@ -76,12 +82,55 @@ def simulated_length_histogram() -> Optional[torch.Tensor]:
     return _histogram_from(path) if path else None
 
 
+def parse_width_means(text: str) -> list[tuple[int, float]]:
+    """``"9:3.2,2:1.5"`` -> ``[(2, 1.5), (9, 3.2)]``: each width (verify nodes, >= 2) with the mean length a verify of
+    that width commits (1 to the width); ``ValueError`` naming the variable otherwise."""
+    points = []
+    for item in (item.strip() for item in text.split(",") if item.strip()):
+        width, colon, mean = item.partition(":")
+        try:
+            point = (int(width), float(mean))
+        except ValueError:
+            point = None
+        if not colon or point is None or point[0] < 2 or not 1 <= point[1] <= point[0]:
+            raise ValueError(f"{BY_WIDTH_ENV}={text!r}: expected WIDTH:MEAN,... with each width >= 2 and its mean "
+                             f"between 1 and the width, got {item!r}")  # fmt: skip
+        points.append(point)
+    if not points or len({w for w, _ in points}) < len(points):
+        raise ValueError(f"{BY_WIDTH_ENV}={text!r}: expected WIDTH:MEAN,... with each width once")
+    return sorted(points)
+
+
+def mean_for_width(points: list[tuple[int, float]], width: int) -> float:
+    """The mean committed length at ``width``: linear between the given widths (and from ``(1, 1.0)``, a verify of
+    the bonus token alone), the widest's mean past it; never more than ``width``."""
+    widths = [1] + [w for w, _ in points]
+    means = [1.0] + [m for _, m in points]
+    width = max(width, 1)
+    at = min(bisect.bisect_left(widths, width), len(widths) - 1)
+    if widths[at] <= width:
+        return min(means[at], float(width))
+    low, high = widths[at - 1], widths[at]
+    return means[at - 1] + (means[at] - means[at - 1]) * (width - low) / (high - low)
+
+
+def simulated_width_means() -> Optional[list[tuple[int, float]]]:
+    """``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH``'s points, or None; a bad value is a ``ValueError`` naming it."""
+    text = os.environ.get(BY_WIDTH_ENV, "")
+    return parse_width_means(text) if text else None
+
+
 def check_simulation_settings(mean: float) -> None:
-    """``ValueError`` (naming the variable) for a histogram file that does not read, or one set without SGLang's
-    own knob (``mean`` = ``SGLANG_SIMULATE_ACC_LEN``), which is what makes SGLang call the simulation."""
-    if simulated_length_histogram() is not None and not mean > 0:
-        raise ValueError(f"{HISTOGRAM_ENV} needs SGLANG_SIMULATE_ACC_LEN > 0 too (SGLang runs the simulation only "
-                         "then): set it to the histogram's mean")  # fmt: skip
+    """``ValueError`` (naming the variable) for a histogram file that does not read or a width table that does not
+    parse, for both at once, or for either without SGLang's own knob (``mean`` = ``SGLANG_SIMULATE_ACC_LEN``), which
+    is what makes SGLang call the simulation."""
+    histogram, by_width = simulated_length_histogram(), simulated_width_means()
+    if histogram is not None and by_width is not None:
+        raise ValueError(f"{HISTOGRAM_ENV} and {BY_WIDTH_ENV} are two ways to draw the lengths: set one")
+    for name, value in ((HISTOGRAM_ENV, histogram), (BY_WIDTH_ENV, by_width)):
+        if value is not None and not mean > 0:
+            raise ValueError(f"{name} needs SGLANG_SIMULATE_ACC_LEN > 0 too (SGLang runs the simulation only "
+                             "then): set it to a mean of the lengths")  # fmt: skip
 
 
 def draw_lengths(histogram: torch.Tensor, batch_size: int, width: int, generator: Optional[torch.Generator] = None
@@ -101,12 +150,16 @@ def simulation_report() -> Optional[dict[str, Any]]:
     mean = simulated_acceptance_mean()
     if mean <= 0 or get_spec().speculative_algorithm != sglang_ddtree.DDTREE_ALGORITHM_NAME:
         return None
+    note = "cost-only simulation: committed tokens are not the target's"
     histogram = simulated_length_histogram()
     if histogram is not None:
         return {"length_histogram": [round(float(p), 6) for p in histogram], "method": "per-request draw",
-                "note": "cost-only simulation: committed tokens are not the target's"}  # fmt: skip
-    return {"mean_accept_length": mean, "method": SIMULATE_ACC_METHOD,
-            "note": "cost-only simulation: committed tokens are not the target's"}  # fmt: skip
+                "note": note}  # fmt: skip
+    by_width = simulated_width_means()
+    if by_width is not None:
+        return {"mean_accept_length_by_width": {str(w): m for w, m in by_width}, "method": SIMULATE_ACC_METHOD,
+                "note": note}  # fmt: skip
+    return {"mean_accept_length": mean, "method": SIMULATE_ACC_METHOD, "note": note}
 
 
 def best_branch_accept_index(next_token: torch.Tensor, length: Union[int, torch.Tensor], width: int) -> torch.Tensor:
@@ -119,15 +172,19 @@ def best_branch_accept_index(next_token: torch.Tensor, length: Union[int, torch.
     return first_child_branch(next_token, length, width)
 
 
-def simulated_lengths(batch_size: int, width: int, device: torch.device) -> Union[int, torch.Tensor]:
-    """This verify's committed lengths: one per request from the histogram file (``[bs]`` on ``device``), else
-    one for the batch drawn around SGLang's mean as SGLang draws it; at most ``width``."""
+def simulated_lengths(batch_size: int, width: int, device: torch.device, verify_width: int = 0
+                      ) -> Union[int, torch.Tensor]:  # fmt: skip
+    """This verify's committed lengths, at most ``width`` (the longest path): one per request from the histogram
+    file (``[bs]`` on ``device``), else one for the batch drawn as SGLang draws it around SGLang's mean, or around
+    the width table's mean at ``verify_width`` (the tree's nodes) when that is set."""
     from sglang.srt.speculative.spec_utils import SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD, _sample_simulated_acc_len
 
     histogram = simulated_length_histogram()
     if histogram is not None:
         return draw_lengths(histogram, batch_size, width).to(device, non_blocking=True)
-    return _sample_simulated_acc_len(float(SIMULATE_ACC_LEN), SIMULATE_ACC_METHOD, width)
+    by_width = simulated_width_means()
+    mean = mean_for_width(by_width, verify_width) if by_width is not None else float(SIMULATE_ACC_LEN)
+    return _sample_simulated_acc_len(mean, SIMULATE_ACC_METHOD, width)
 
 
 def simulate_acceptance_along_the_best_branch(original: Callable[..., torch.Tensor], **kwargs: Any) -> torch.Tensor:
@@ -136,7 +193,7 @@ def simulate_acceptance_along_the_best_branch(original: Callable[..., torch.Tens
     if next_token is None:
         return original(**kwargs)
     width = kwargs["spec_steps"] + 1
-    length = simulated_lengths(next_token.shape[0], width, next_token.device)
+    length = simulated_lengths(next_token.shape[0], width, next_token.device, CURRENT_TREE.width)
     index = best_branch_accept_index(next_token, length, width)
     accepted = index >= 0
     kwargs["num_correct_drafts"].copy_(accepted.sum(1) - 1)

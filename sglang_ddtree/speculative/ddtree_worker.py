@@ -238,7 +238,7 @@ class DDTreeWorker(DFlashWorkerV2):
         with traced_range("_verify_input"):
             batch.spec_info = self._verify_input(tree, batch, kv_lens_cpu, width)
         if self._simulating:
-            CURRENT_TREE.next_token = tree.retrieve_next_token
+            CURRENT_TREE.next_token, CURRENT_TREE.width = tree.retrieve_next_token, width
         timer.mark()
         with self._verifying(width):
             result, committed_hidden = self._verify(batch, tree, width, grammar_barrier)
