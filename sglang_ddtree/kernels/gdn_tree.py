@@ -86,6 +86,15 @@ def _factor_numel(NP: tl.constexpr):
 
 
 @triton.jit
+def _program_tree(i_nh, T, H: tl.constexpr, HV: tl.constexpr, NP: tl.constexpr):
+    """A (request, value head) program's request, value head, key head, padded rows, their mask and their token
+    indices in the ``[bs * T, ...]`` inputs."""
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    rows = tl.arange(0, NP)
+    return i_n, i_hv, i_hv // (HV // H), rows, rows < T, (i_n * T + rows).to(tl.int64)
+
+
+@triton.jit
 def _head_columns(ptr, tok, valid, i_h, o_k, H: tl.constexpr, K: tl.constexpr):
     """Columns ``o_k`` of key head ``i_h`` for the tree's rows (``[bs * T, H, K]`` queries or keys), fp32."""
     return tl.load(ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
@@ -117,12 +126,8 @@ def _gdn_tree_factor_kernel(
     u``; both to ``factors`` with each row's ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace: ``G``, the
     unit keys and (once per request) the parents."""
     i_nh = tl.program_id(0)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    rows = tl.arange(0, NP)
+    i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP)
     cols = tl.arange(0, NP)
-    valid = rows < T
-    tok = (i_n * T + rows).to(tl.int64)
 
     x = tl.load(a_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32) + tl.load(dt_bias_ptr + i_hv).to(tl.float32)
     softplus = tl.where(softplus_beta * x <= softplus_threshold, tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)
@@ -190,12 +195,8 @@ def _gdn_tree_apply_kernel(
     """Per (request, value head, ``BV`` value columns): ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``
     with the factor kernel's ``M``, ``P`` and row scales; ``S0`` and ``u`` to the workspace."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    rows = tl.arange(0, NP)
+    i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP)
     cols = tl.arange(0, NP)
-    valid = rows < T
-    tok = (i_n * T + rows).to(tl.int64)
     o_v = i_v * BV + tl.arange(0, BV)
     mask_v = o_v < V
     ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
