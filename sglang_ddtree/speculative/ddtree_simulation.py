@@ -114,10 +114,16 @@ def mean_for_width(points: list[tuple[int, float]], width: int) -> float:
     return means[at - 1] + (means[at] - means[at - 1]) * (width - low) / (high - low)
 
 
+@functools.lru_cache(maxsize=1)
+def _width_means_from(text: str) -> tuple[tuple[int, float], ...]:
+    return tuple(parse_width_means(text))
+
+
 def simulated_width_means() -> Optional[list[tuple[int, float]]]:
-    """``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH``'s points, or None; a bad value is a ``ValueError`` naming it."""
+    """``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH``'s points, or None; a bad value is a ``ValueError`` naming it. Read
+    on every simulated verify: parsed once per value."""
     text = os.environ.get(BY_WIDTH_ENV, "")
-    return parse_width_means(text) if text else None
+    return list(_width_means_from(text)) if text else None
 
 
 def check_simulation_settings(mean: float) -> None:
