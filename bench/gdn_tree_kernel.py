@@ -117,6 +117,7 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
     swept = {}
     for block_v, warps, precision in launches:
         launch = {"block_v": block_v, "num_warps": warps, "dot_precision": precision}
+        pool.copy_(base)  # the commits timed above left their states in the requests' slots
         try:
             out = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace,
                                   torch.arange(bs, device=dev), scale, **launch)  # fmt: skip

@@ -111,7 +111,7 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
 
 
 @pytest.mark.parametrize("shape", [chain, star, deep_with_twigs], ids=["chain", "star", "deep-with-twigs"])
-@pytest.mark.parametrize("T", [2, 5, 17, 33])  # a DDTree verifies its root and at least one node
+@pytest.mark.parametrize("T", [2, 5, 17, 33, 65])  # its root and at least one node; 65: solved in blocks of 32 rows
 def test_every_node_gets_its_paths_recurrence_and_the_commit_its_state(shape, T):
     run([shape(T), shape(T)], seed=T)
 
@@ -138,10 +138,12 @@ def test_decay_and_write_strength_near_their_limits(gating):
     run([bushy(17, seed=1), chain(17)], gating=gating, seed=2)
 
 
-def test_a_repeated_token_written_at_full_strength_down_a_deep_chain():
-    """Identical keys with no decay and beta ~1 down 32 levels: the tree's triangular system at its worst
-    conditioning (every off-diagonal entry ~1), solved level by level as the recurrence would."""
-    run([chain(33), deep_with_twigs(33)], gating="keep", seed=9, same_key=True)
+@pytest.mark.parametrize("T", [33, 65])
+def test_a_repeated_token_written_at_full_strength_down_a_deep_chain(T):
+    """Identical keys with no decay and beta ~1 down 32 or 64 levels: the tree's triangular system at its worst
+    conditioning (every off-diagonal entry ~1), solved level by level as the recurrence would (at 65 nodes across
+    blocks of rows)."""
+    run([chain(T), deep_with_twigs(T)], gating="keep", seed=9, same_key=True)
 
 
 def test_a_batch_of_different_bushy_trees_of_65_nodes():

@@ -21,14 +21,15 @@ committed, into any slot, in any order (the accepted node's into the request's s
 node's into its track slot).
 
 Two kernels per layer, FLA's chunked form for one chunk that is a tree: one program per (request, value head)
-builds what the values do not enter — the ancestor closure, ``M = (I + A)^-1 diag(beta)`` (``A`` the keys'
-products under the ancestor mask, inverted one tree level at a time) and ``P``, the queries' products with the
-keys under the same mask — into a scratch of ``2 NP (NP + 1)`` floats per (request, value head); then one program per
-(request, value head, ``BV`` value columns) applies them: ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``.
-Keys, queries and states are read in chunks of 32 key columns, so no program holds an ``[NP, K]`` tile whole
+builds what the values do not enter — the ancestor closure, ``(I + A)^-1`` (``A`` the keys' products under the
+ancestor mask, inverted one tree level at a time, in blocks of 32 rows past 64 nodes) and ``P``, the queries'
+products with the keys under the same mask — into a scratch of ``2 NP^2 + 3 NP`` floats per (request, value head);
+then one program per (request, value head, ``BV`` value columns) applies them: ``u = (I + A)^-1 beta (v - gamma K
+S0)``, ``o = gamma Q S0 + P u``. Keys, queries and states are read in chunks of 32 key columns, so no program
+holds an ``[NP, K]`` tile whole
 (the earlier single kernel did, once per value block; 8 warps instead of 4 halved its time,
 ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16``
-(``tl.dot``'s minimum); the products in IEEE fp32 (three-pass TF32 on the bench's request, ``DOT_PRECISIONS``).
+(``tl.dot``'s minimum); the products in three-pass TF32 (IEEE fp32 on request, ``DOT_PRECISIONS``).
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
@@ -49,25 +50,35 @@ from sglang_ddtree.kernels.gdn_workspace import workspace_numel
 
 _BK = 32  # key columns per chunk: no program holds a whole [nodes, 128] tile of queries, keys or states
 # The products' precision: IEEE fp32 on CUDA cores, or three TF32 tensor-core products that keep fp32's accuracy
-# to within a few ulps (for ``bench.gdn_tree_kernel`` to weigh; "ieee" until measured).
+# to within a few ulps. Three-pass TF32 is the default: faster at every measured tree but deep 16-node chains
+# (bench/results/gdn_tree_kernel/2026-12-04_two_kernels), and its operands go through shared memory where IEEE's
+# are held in registers (at 128 rows the IEEE factor kernel spills 5 KB per thread, TF32's 0.6; ptxas -v, sm_90).
 DOT_PRECISIONS = ("ieee", "tf32x3")
+DEFAULT_DOT_PRECISION = "tf32x3"
+
+
+def _factor_rows(NP: int) -> int:
+    """Rows of the factors the factor kernel builds at once: the whole tree up to 64 nodes; past that, blocks of
+    32, each solved from the blocks before it (whole [128, 128] tiles spilled registers: 27 ms per layer at T =
+    65, ``bench/results/gdn_tree_kernel/2026-12-04_two_kernels``)."""
+    return NP if NP <= 64 else 32
 
 
 def _factor_warps(NP: int) -> int:
-    """Warps of the factor kernel, whose live tiles are a handful of [NP, NP] ones (a first choice, not yet
-    measured: ``bench.gdn_tree_kernel`` sweeps the apply kernel's launch)."""
-    return 4 if NP <= 16 else 8 if NP <= 64 else 16
+    """Warps of the factor kernel, whose live tiles are a handful of [rows, NP] ones (a first choice, not
+    swept)."""
+    return 4 if NP <= 16 else 8
 
 
 def _apply_launch(NP: int) -> tuple[int, int]:
-    """(value columns per program, warps) of the apply kernel: [NP, NP] factors and [NP, BV] tiles (a first
-    choice, for the sweep to correct)."""
-    return (32, 4) if NP <= 32 else (32, 8)
+    """(value columns per program, warps) of the apply kernel: [NP, NP] factors and [NP, BV] tiles. 64 x 8 was
+    the fastest measured launch up to 33 nodes; at 128 rows 32 columns keep its spills to 0.2 KB."""
+    return (64, 8) if NP <= 64 else (32, 8)
 
 
 def _commit_launch(NP: int) -> tuple[int, int]:
-    """The commit's: [NP, BV] and [NP, BK] tiles, the key chunks in turn (a first choice, as above)."""
-    return (32, 4) if NP <= 64 else (32, 8)
+    """The commit's: [NP, BV] and [NP, BK] tiles, the key chunks in turn (chosen as the apply kernel's)."""
+    return (64, 8) if NP <= 64 else (32, 8)
 
 
 @triton.jit
@@ -80,9 +91,9 @@ def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
 
 @triton.jit
 def _factor_numel(NP: tl.constexpr):
-    """Floats of one (request, value head)'s factors: ``M``, ``P``, then ``gamma / |k|`` and ``gamma scale / |q|``
-    per row (the apply kernel's products use the raw keys and queries)."""
-    return 2 * NP * NP + 2 * NP
+    """Floats of one (request, value head)'s factors: ``(I + A)^-1``, ``P``, then per row ``beta``, ``gamma / |k|``
+    and ``gamma scale / |q|`` (the apply kernel's products use the raw keys and queries)."""
+    return 2 * NP * NP + 3 * NP
 
 
 @triton.jit
@@ -101,10 +112,9 @@ def _head_columns(ptr, tok, valid, i_h, o_k, H: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _ancestors(parents_ptr, rows, valid, NP: tl.constexpr):
-    """``anc[i, j]``: node ``j`` is ``i`` or an ancestor of ``i``, walking every row's parent chain at once, as
-    many steps as the deepest node has ancestors (a DDTree is at most its block deep, however wide)."""
-    cols = tl.arange(0, NP)
+def _ancestors(parents_ptr, rows, valid, cols):
+    """``anc[i, j]``: node ``cols[j]`` is ``rows[i]`` or an ancestor of it, walking every row's parent chain at
+    once, as many steps as the deepest row has ancestors (a DDTree is at most its block deep, however wide)."""
     anc = (cols[None, :] == rows[:, None]) & valid[:, None]
     cur = tl.where(valid, rows, 0)
     while tl.max(cur, 0) > 0:
@@ -117,72 +127,99 @@ def _ancestors(parents_ptr, rows, valid, NP: tl.constexpr):
 def _gdn_tree_factor_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr,
     scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BK: tl.constexpr,
-    DOT: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BR: tl.constexpr,
+    BK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Per (request, value head): what does not depend on the values. ``M = (I + A)^-1 diag(beta)``, with ``A[i,
-    j] = beta_i exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = M (v - gamma K
-    S0)``; ``P[i, j] = exp(G_i - G_j) (q_i . k_j)`` over ``j = i`` or an ancestor, so that ``o = gamma Q S0 + P
-    u``; both to ``factors`` with each row's ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace: ``G``, the
-    unit keys and (once per request) the parents."""
+    """Per (request, value head): what does not depend on the values. ``(I + A)^-1``, with ``A[i, j] = beta_i
+    exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = (I + A)^-1 (beta (v - gamma
+    K S0))``; ``P[i, j] = exp(G_i - G_j) (q_i . k_j)`` over ``j = i`` or an ancestor, so that ``o = gamma Q S0 + P
+    u``; both to ``factors`` with each row's ``beta``, ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace:
+    ``G``, the unit keys and (once per request) the parents.
+
+    ``BR`` rows at a time (all of them up to 64 nodes): first each block's ``A`` and ``P`` rows, then the inverse a
+    block at a time, each block's rows from the blocks above it (parents come before children) and, within the
+    block, one tree level at a time. ``factors`` holds ``A`` until its rows are replaced by the inverse's; rows
+    one program stores and then loads again cross a barrier."""
     i_nh = tl.program_id(0)
-    i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP)
+    i_n, i_hv, i_h, _, _, _ = _program_tree(i_nh, T, H, HV, NP)
     cols = tl.arange(0, NP)
-
-    x = tl.load(a_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32) + tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-    softplus = tl.where(softplus_beta * x <= softplus_threshold, tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)
-    b_g = tl.where(valid, -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32)) * softplus, 0.0)
-    b_beta = tl.sigmoid(tl.load(b_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32))
-
+    valid_c = cols < T
+    tok_c = (i_n * T + cols).to(tl.int64)
     req_parents = parents_ptr + i_n.to(tl.int64) * T
-    anc = _ancestors(req_parents, rows, valid, NP)
-    depth = tl.sum(anc.to(tl.int32), 1) - 1  # strict ancestors; -1 on padding rows
-    b_G = tl.sum(tl.where(anc, b_g[None, :], 0.0), 1)
-    decay = tl.exp(tl.where(anc, b_G[:, None] - b_G[None, :], float("-inf")))  # exp(G_i - G_j) on the path, else 0
-
-    # Raw q k^T, k k^T and the rows' norms over key chunks: no [NP, K] tile is ever whole.
-    qk = tl.zeros([NP, NP], dtype=tl.float32)
-    kk = tl.zeros([NP, NP], dtype=tl.float32)
-    q_sq = tl.zeros([NP], dtype=tl.float32)
-    k_sq = tl.zeros([NP], dtype=tl.float32)
-    for c in range(0, K, BK):
-        o_k = c + tl.arange(0, BK)
-        b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
-        b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
-        qk += tl.dot(b_q, tl.trans(b_k), input_precision=DOT)
-        kk += tl.dot(b_k, tl.trans(b_k), input_precision=DOT)
-        q_sq += tl.sum(b_q * b_q, 1)
-        k_sq += tl.sum(b_k * b_k, 1)
-    inv_k = 1.0 / tl.sqrt(k_sq + 1e-6)
-    inv_q = scale / tl.sqrt(q_sq + 1e-6)
-
-    eye = rows[:, None] == cols[None, :]
-    strict = anc & ~eye
-    a_mat = tl.where(strict, decay * kk * inv_k[:, None] * inv_k[None, :], 0.0) * b_beta[:, None]
-    # (I + A)^-1 a tree level at a time: a node's row is its unit row minus its ancestors' rows weighted by A,
-    # and its ancestors sit at smaller depths (forward substitution, all nodes of one depth at once).
-    inverse = tl.where(eye, 1.0, 0.0)
-    for d in range(1, tl.max(depth, 0) + 1):
-        level = tl.where(eye, 1.0, 0.0) - tl.dot(a_mat, inverse, input_precision=DOT)
-        inverse = tl.where((depth == d)[:, None], level, inverse)
-    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
-    tl.store(factors + rows[:, None] * NP + cols[None, :], inverse * b_beta[None, :])
-    tl.store(factors + NP * NP + rows[:, None] * NP + cols[None, :],
-             tl.where(anc, decay * qk * inv_q[:, None] * inv_k[None, :], 0.0))  # fmt: skip
-    gamma = tl.exp(b_G)
-    tl.store(factors + 2 * NP * NP + rows, gamma * inv_k)
-    tl.store(factors + 2 * NP * NP + NP + rows, gamma * inv_q)
-
     ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
     off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
-    tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
+    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    square = factors + cols[None, :]  # + row * NP: a row of A, then of the inverse
+    p_rows = factors + NP * NP + cols[None, :]
+
+    # Per node: its log-decay g, write strength beta and 1 / |k|; the unit keys and the parents to the workspace.
+    x = tl.load(a_ptr + tok_c * HV + i_hv, mask=valid_c, other=0).to(tl.float32) + tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+    softplus = tl.where(softplus_beta * x <= softplus_threshold, tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)
+    g_c = tl.where(valid_c, -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32)) * softplus, 0.0)
+    beta_c = tl.sigmoid(tl.load(b_ptr + tok_c * HV + i_hv, mask=valid_c, other=0).to(tl.float32))
+    k_sq = tl.zeros([NP], dtype=tl.float32)
+    for c in range(0, K, BK):
+        b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, c + tl.arange(0, BK), H, K)
+        k_sq += tl.sum(b_k * b_k, 1)
+    inv_k_c = 1.0 / tl.sqrt(k_sq + 1e-6)
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
-        b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
-        tl.store(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k[:, None], mask=valid[:, None])
+        b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, o_k, H, K)
+        tl.store(ws + off_k + (cols[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k_c[:, None],
+                 mask=valid_c[:, None])  # fmt: skip
     if i_hv == 0:
-        tl.store(ws + off_p + rows, tl.load(req_parents + rows, mask=valid & (rows > 0), other=-1).to(tl.float32),
-                 mask=valid)  # fmt: skip
+        tl.store(ws + off_p + cols, tl.load(req_parents + cols, mask=valid_c & (cols > 0), other=-1).to(tl.float32),
+                 mask=valid_c)  # fmt: skip
+    tl.store(factors + 2 * NP * NP + cols, beta_c)
+
+    for r0 in tl.static_range(0, NP, BR):
+        rows = r0 + tl.arange(0, BR)
+        valid = rows < T
+        tok = (i_n * T + rows).to(tl.int64)
+        anc = _ancestors(req_parents, rows, valid, cols)
+        b_G = tl.sum(tl.where(anc, g_c[None, :], 0.0), 1)  # the log-decay summed along each row's path
+        tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
+        tl.debug_barrier()
+        G_c = tl.load(ws + off_g + cols * HV + i_hv, mask=valid_c & (cols < r0 + BR), other=0)
+        decay = tl.exp(tl.where(anc, b_G[:, None] - G_c[None, :], float("-inf")))  # exp(G_i - G_j) on the path
+        qk = tl.zeros([BR, NP], dtype=tl.float32)
+        kk = tl.zeros([BR, NP], dtype=tl.float32)
+        q_sq = tl.zeros([BR], dtype=tl.float32)
+        for c in range(0, K, BK):  # key chunks: no [nodes, K] tile is ever whole
+            o_k = c + tl.arange(0, BK)
+            b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
+            b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, o_k, H, K)
+            qk += tl.dot(b_q, tl.trans(b_k), input_precision=DOT)
+            kk += tl.dot(_head_columns(k_ptr, tok, valid, i_h, o_k, H, K), tl.trans(b_k), input_precision=DOT)
+            q_sq += tl.sum(b_q * b_q, 1)
+        inv_q = scale / tl.sqrt(q_sq + 1e-6)
+        inv_k = tl.sum(tl.where(cols[None, :] == rows[:, None], inv_k_c[None, :], 0.0), 1)
+        beta = tl.sum(tl.where(cols[None, :] == rows[:, None], beta_c[None, :], 0.0), 1)
+        strict = anc & (cols[None, :] != rows[:, None])
+        tl.store(square + rows[:, None] * NP, tl.where(strict, decay * kk * inv_k_c[None, :], 0.0) * (beta * inv_k)[:, None])
+        tl.store(p_rows + rows[:, None] * NP, tl.where(anc, decay * qk * inv_k_c[None, :], 0.0) * inv_q[:, None])
+        gamma = tl.exp(b_G)
+        tl.store(factors + 2 * NP * NP + NP + rows, gamma * inv_k)
+        tl.store(factors + 2 * NP * NP + 2 * NP + rows, gamma * inv_q)
+    tl.debug_barrier()
+
+    # (I + A)^-1 by forward substitution: a node's row is its unit row minus its ancestors' rows weighted by A.
+    for r0 in tl.static_range(0, NP, BR):
+        rows = r0 + tl.arange(0, BR)
+        valid = rows < T
+        inverse = tl.where(cols[None, :] == rows[:, None], 1.0, 0.0)
+        for p0 in tl.static_range(0, r0, BR):  # the blocks above, already inverted
+            above = p0 + tl.arange(0, BR)
+            a_above = tl.load(factors + rows[:, None] * NP + above[None, :])  # [BR, BR]
+            inverse -= tl.dot(a_above, tl.load(square + above[:, None] * NP), input_precision=DOT)
+        unit = inverse
+        a_block = tl.load(factors + rows[:, None] * NP + rows[None, :])  # [BR, BR]: ancestors within the block
+        depth = tl.sum(_ancestors(req_parents, rows, valid, rows).to(tl.int32), 1)  # within the block, itself too
+        for d in range(2, tl.max(depth, 0) + 1):
+            level = unit - tl.dot(a_block, inverse, input_precision=DOT)
+            inverse = tl.where((depth == d)[:, None], level, inverse)
+        tl.store(square + rows[:, None] * NP, inverse)
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -192,8 +229,8 @@ def _gdn_tree_apply_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
     BK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """Per (request, value head, ``BV`` value columns): ``u = M (v - gamma K S0)``, ``o = gamma Q S0 + P u``
-    with the factor kernel's ``M``, ``P`` and row scales; ``S0`` and ``u`` to the workspace."""
+    """Per (request, value head, ``BV`` value columns): ``u = (I + A)^-1 beta (v - gamma K S0)``, ``o = gamma Q S0
+    + P u`` with the factor kernel's inverse, ``P`` and row scales; ``S0`` and ``u`` to the workspace."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP)
     cols = tl.arange(0, NP)
@@ -218,9 +255,10 @@ def _gdn_tree_apply_kernel(
                   other=0).to(tl.float32)  # fmt: skip
     factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
     square = rows[:, None] * NP + cols[None, :]
-    key_scale = tl.load(factors + 2 * NP * NP + rows)  # gamma / |k|: raw keys and queries times S0 above
-    query_scale = tl.load(factors + 2 * NP * NP + NP + rows)  # gamma * scale / |q|
-    b_u = tl.dot(tl.load(factors + square), b_v - key_scale[:, None] * k_h0, input_precision=DOT)
+    beta = tl.load(factors + 2 * NP * NP + rows)
+    key_scale = tl.load(factors + 2 * NP * NP + NP + rows)  # gamma / |k|: raw keys and queries times S0 above
+    query_scale = tl.load(factors + 2 * NP * NP + 2 * NP + rows)  # gamma * scale / |q|
+    b_u = tl.dot(tl.load(factors + square), beta[:, None] * (b_v - key_scale[:, None] * k_h0), input_precision=DOT)
     b_o = query_scale[:, None] * q_h0 + tl.dot(tl.load(factors + NP * NP + square), b_u, input_precision=DOT)
     out_mask = valid[:, None] & mask_v[None, :]
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
@@ -290,7 +328,7 @@ def gdn_tree_verify(
     capacity: Optional[int] = None,
     block_v: Optional[int] = None,
     num_warps: Optional[int] = None,
-    dot_precision: str = "ieee",
+    dot_precision: str = DEFAULT_DOT_PRECISION,
 ) -> torch.Tensor:
     """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
     (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
@@ -318,11 +356,11 @@ def gdn_tree_verify(
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
     q, k = q.contiguous(), k.contiguous()
-    factors = torch.empty(bs * HV, 2 * NP * (NP + 1), dtype=torch.float32, device=q.device)  # per layer call
+    factors = torch.empty(bs * HV, 2 * NP * NP + 3 * NP, dtype=torch.float32, device=q.device)  # per layer call
     _gdn_tree_factor_kernel[(bs * HV,)](
         q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices, row,
-        factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BK=BK,
-        DOT=dot_precision, num_warps=_factor_warps(NP),
+        factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP,
+        BR=_factor_rows(NP), BK=BK, DOT=dot_precision, num_warps=_factor_warps(NP),
     )  # fmt: skip
     o = torch.empty_like(v)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
@@ -335,7 +373,7 @@ def gdn_tree_verify(
 
 def gdn_tree_commit(
     dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int,
-    block_v: Optional[int] = None, num_warps: Optional[int] = None, dot_precision: str = "ieee",
+    block_v: Optional[int] = None, num_warps: Optional[int] = None, dot_precision: str = DEFAULT_DOT_PRECISION,
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
     path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
