@@ -3,7 +3,8 @@
 
 SGLang: ``fused_sigmoid_gating_delta_rule_update`` with ``retrieve_parent_token`` writes every node's fp32 state
 into an intermediate buffer; its commit copies the last accepted node's state into the pool. Ours: the WY-form
-verify from the root state, then the commit builds the accepted path's state. Per (bs, T), median of
+verify from the root state (its factor kernel also timed alone: the part the values do not enter), then the
+commit builds the accepted path's state. Per (bs, T), median of
 ``triton.testing.do_bench``; the per-request scratch each needs; and the largest differences between the two
 (outputs, committed states) on the same bf16 inputs and fp32 states.
 
@@ -29,7 +30,14 @@ from triton.runtime.errors import OutOfResources
 
 from bench.provenance import checkout_commit, write_report
 from sglang_ddtree.tree.gdn_tree_reference import random_parents
-from sglang_ddtree.kernels.gdn_tree import DOT_PRECISIONS, gdn_tree_commit, gdn_tree_verify, workspace_numel
+from sglang_ddtree.kernels.gdn_tree import (
+    DEFAULT_DOT_PRECISION,
+    DOT_PRECISIONS,
+    build_factors,
+    gdn_tree_commit,
+    gdn_tree_verify,
+    workspace_numel,
+)
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
 MIB = 1 << 20
@@ -105,6 +113,10 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
     ours_state = pool[slots].clone()
     pool.copy_(base)
 
+    def ours_factor() -> torch.Tensor:  # the verify's first kernel alone: what the values do not enter
+        return build_factors(q, k, a, b, A_log, dt_bias, parents_d, workspace, torch.arange(bs, device=dev), HV, K,
+                             scale, 1.0, 20.0, T, DEFAULT_DOT_PRECISION)  # fmt: skip
+
     def sglang_commit() -> None:
         pool[slots] = snapshots[torch.arange(bs, device=dev), last]
 
@@ -113,7 +125,8 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
 
     times = {name: triton.testing.do_bench(fn, return_mode="median")
              for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
-                              ("ours_verify", ours_verify), ("ours_commit", ours_commit))}  # fmt: skip
+                              ("ours_verify", ours_verify), ("ours_factor", ours_factor),
+                              ("ours_commit", ours_commit))}  # fmt: skip
     swept = {}
     for block_v, warps, precision in launches:
         launch = {"block_v": block_v, "num_warps": warps, "dot_precision": precision}
@@ -157,15 +170,16 @@ def markdown(report: dict) -> str:
         f"{meta['date']} · commit {meta['commit']} · {meta['gpu']} · {KEY_HEADS // meta['tp']} key / "
         f"{VALUE_HEADS // meta['tp']} value heads of {HEAD_DIM} (TP {meta['tp']}) · bf16 inputs, fp32 states",
         "",
-        "| tree | bs | T | SGLang verify ms | + commit | ours verify ms | + commit | ratio | scratch MiB / request "
-        "SGLang / ours | max abs diff out / state |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| tree | bs | T | SGLang verify ms | + commit | ours verify ms | of which factor | + commit | ratio | scratch "
+        "MiB / request SGLang / ours | max abs diff out / state |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in report["rows"]:
         ms, mem, diff = r["ms"], r["scratch_mib_per_request"], r["max_abs_diff"]
         theirs, ours = ms["sglang_verify"] + ms["sglang_commit"], ms["ours_verify"] + ms["ours_commit"]
+        factor = f"{ms['ours_factor']:.3f}" if "ours_factor" in ms else "–"  # not timed before 2026-12-04's last run
         lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | {ms['sglang_verify']:.3f} | {ms['sglang_commit']:.3f} | "
-                     f"{ms['ours_verify']:.3f} | {ms['ours_commit']:.3f} | {theirs / ours:.2f}x | "
+                     f"{ms['ours_verify']:.3f} | {factor} | {ms['ours_commit']:.3f} | {theirs / ours:.2f}x | "
                      f"{mem['sglang']:.1f} / {mem['ours']:.2f} | {diff['output']:.2e} / {diff['committed_state']:.2e} |")
     swept = [r for r in report["rows"] if r.get("launch_ms")]
     if swept:

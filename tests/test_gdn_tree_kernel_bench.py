@@ -20,7 +20,8 @@ def test_launch_configs_read_value_columns_by_warps_and_precision_and_refuse_the
 
 def test_the_report_gives_each_launch_its_verify_and_commit_times_or_says_it_does_not_launch():
     row = {"bs": 1, "T": 33, "tree": "bushy", "tp": 1,
-           "ms": {"sglang_verify": 0.08, "sglang_commit": 0.01, "ours_verify": 2.0, "ours_commit": 0.16},
+           "ms": {"sglang_verify": 0.08, "sglang_commit": 0.01, "ours_verify": 2.0, "ours_factor": 1.5,
+                  "ours_commit": 0.16},
            "scratch_mib_per_request": {"sglang": 105.6, "ours": 4.9},
            "max_abs_diff": {"output": 1e-3, "committed_state": 1e-5},
            "launch_ms": {"32x4": {"verify": 2.0, "commit": 0.16},  # a report from before the differences
@@ -28,6 +29,7 @@ def test_the_report_gives_each_launch_its_verify_and_commit_times_or_says_it_doe
                                          "max_abs_diff_state": 3e-6},
                          "64x8:tf32x3": {"error": "out of resource: shared memory, Required: 262144"}}}  # fmt: skip
     text = gdn_tree_kernel.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "tp": 1}, "rows": [row]})
+    assert "| bushy | 1 | 33 | 0.080 | 0.010 | 2.000 | 1.500 | 0.160 | 0.04x |" in text
     assert "| tree | bs | T | 32x4 | 16x8:tf32x3 | 64x8:tf32x3 |" in text
     assert "| bushy | 1 | 33 | 2.000 / 0.160 | 0.900 / 0.100 (2.0e-04 / 3.0e-06) | does not launch |" in text
     assert "per launch" not in gdn_tree_kernel.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "tp": 1},

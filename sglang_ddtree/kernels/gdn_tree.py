@@ -356,12 +356,8 @@ def gdn_tree_verify(
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
     q, k = q.contiguous(), k.contiguous()
-    factors = torch.empty(bs * HV, 2 * NP * NP + 3 * NP, dtype=torch.float32, device=q.device)  # per layer call
-    _gdn_tree_factor_kernel[(bs * HV,)](
-        q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices, row,
-        factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K, V=V, NP=NP,
-        BR=_factor_rows(NP), BK=BK, DOT=dot_precision, num_warps=_factor_warps(NP),
-    )  # fmt: skip
+    factors = build_factors(q, k, a, b, A_log, dt_bias, parents, workspace, workspace_indices, HV, V, scale,
+                            softplus_beta, softplus_threshold, layout, dot_precision)  # fmt: skip
     o = torch.empty_like(v)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q, k, v.contiguous(), ssm_states, cache_indices, ssm_states.stride(0), workspace, workspace_indices, row,
@@ -369,6 +365,25 @@ def gdn_tree_verify(
         num_warps=num_warps,
     )  # fmt: skip
     return o
+
+
+def build_factors(
+    q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    parents: torch.Tensor, workspace: torch.Tensor, workspace_indices: torch.Tensor, HV: int, V: int, scale: float,
+    softplus_beta: float, softplus_threshold: float, layout: int, dot_precision: str,
+) -> torch.Tensor:  # fmt: skip
+    """The factor kernel's launch alone (:func:`gdn_tree_verify` checks the arguments first): ``[bs * HV, 2 NP^2 + 3
+    NP]`` factors, per layer call; ``G``, unit keys and parents into the workspace. Public for
+    ``bench.gdn_tree_kernel``, which times it apart from the apply kernel."""
+    bs, T, H, K = q.shape
+    NP = _padded_nodes(T)
+    factors = torch.empty(bs * HV, 2 * NP * NP + 3 * NP, dtype=torch.float32, device=q.device)
+    _gdn_tree_factor_kernel[(bs * HV,)](
+        q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices,
+        workspace[0].numel(), factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K,
+        V=V, NP=NP, BR=_factor_rows(NP), BK=min(K, _BK), DOT=dot_precision, num_warps=_factor_warps(NP),
+    )  # fmt: skip
+    return factors
 
 
 def gdn_tree_commit(

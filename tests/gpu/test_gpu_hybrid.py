@@ -9,7 +9,7 @@ attention layers verify the tree in the split form (``flashinfer_split_verify``)
 Per backend: AR and DDTree (budget 16) with the radix cache off, DDTree with CUDA graphs (graph-vs-eager verify
 check on) and without, with the snapshot-free GDN verify (``ddtree_wy``), under ``--budget auto`` with verify
 graphs per width (``ddtree_auto``, a fixed step table that makes it pick several widths), and DDTree with the
-radix cache on (extra_buffer GDN snapshots). On flashinfer also MTP
+radix cache on (extra_buffer GDN snapshots), also with the snapshot-free verify. On flashinfer also MTP
 and DFLASH on the same target, and DDTree and DFLASH on the text-only arch ``qwen35_text`` (the same weights).
 Requests are 16 concurrent greedy generations of 320 tokens after prompts of 3-108 tokens: past the 256-token
 mamba-track interval of the prefix cache. Exactness in bfloat16 is judged by AR's top-2 margin (``lossless.py``);
@@ -69,6 +69,7 @@ SERVERS = {  # kind: (launcher arguments, environment)
     "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], {}),
     "ddtree_radix": ([*DDTREE, "--model-path", TARGET], {}),
+    "ddtree_wy_radix": ([*DDTREE, "--model-path", TARGET], {"SGLANG_DDTREE_GDN_WY_VERIFY": "1"}),
     # issue 17's snapshot-free GDN tree verify, graph replays checked against eager re-runs too
     "ddtree_wy": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
                   {"SGLANG_DDTREE_GDN_WY_VERIFY": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
@@ -178,12 +179,14 @@ def test_graph_replayed_tree_verify_equals_eager_verify(servers, ar_outputs, bac
     assert check["argmax_mismatches"] <= GRAPH_CHECK_ARGMAX_MISMATCH_RATE * check["rows"]
 
 
-@pytest.mark.servers("ar", "ddtree_radix")
+@pytest.mark.servers("ar")
+@pytest.mark.parametrize("kind", ["ddtree_radix", "ddtree_wy_radix"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, backend):
+def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, backend, kind):
     """A conversation's second turn reuses the first turn's cached prefix (its GDN state restored from an
-    extra_buffer snapshot), and must continue as a full prefill of the same tokens does."""
-    url, ar_url = url_of(servers, "ddtree_radix", backend), url_of(servers, "ar", backend)
+    extra_buffer snapshot), and must continue as a full prefill of the same tokens does. With the snapshot-free
+    GDN verify the track node's state is built by ``gdn_tree_commit`` into the track slot, not copied."""
+    url, ar_url = url_of(servers, kind, backend), url_of(servers, "ar", backend)
     first_turn = PROMPTS[-1]
     answer = generate(url, first_turn, NEW_TOKENS)["output_ids"]
     second_turn = first_turn + answer + PROMPTS[2]
@@ -191,7 +194,7 @@ def test_prefix_cache_hit_gives_the_full_prefills_output(servers, ar_outputs, ba
     with urllib.request.urlopen(url + "/flush_cache?timeout=60", timeout=120) as response:  # waits for idle
         assert response.status == 200
     full = generate(url, second_turn, 64)
-    record({"test": "hybrid_prefix_cache", "backend": backend, "cached_tokens_hit": hit["meta_info"]["cached_tokens"],
+    record({"test": "hybrid_prefix_cache", "kind": kind, "backend": backend, "cached_tokens_hit": hit["meta_info"]["cached_tokens"],
             "cached_tokens_full": full["meta_info"]["cached_tokens"], "prompt_tokens": len(second_turn)})  # fmt: skip
     assert hit["meta_info"]["cached_tokens"] >= len(first_turn)
     assert full["meta_info"]["cached_tokens"] == 0
@@ -211,10 +214,11 @@ def test_aborted_request_leaves_the_others_lossless(servers, ar_outputs, backend
     ids=["temperature-1", "top-p-0.8", "top-k-8"],
 )
 @pytest.mark.parametrize("backend, kind", [*[(b, "ddtree_graphs") for b in BACKENDS],
-                                           *[(b, "mtp") for b in FLASHINFER_ONLY]])  # fmt: skip
+                                           *[(b, kind) for b in FLASHINFER_ONLY for kind in ("ddtree_wy", "mtp")]])  # fmt: skip
 def test_sampled_tokens_follow_the_targets_distribution(request, servers, backend, kind, sampling):
     """tests/gpu/test_gpu_ddtree.py's test (8000 samples of 4 tokens, chi-square per position at alpha 1e-3) on
-    the hybrid target: tokens 2-4 come from tree verification through the GDN layers. MTP (upstream NEXTN,
+    the hybrid target: tokens 2-4 come from tree verification through the GDN layers (SGLang's per-node snapshots,
+    or the snapshot-free verify on ``ddtree_wy``). MTP (upstream NEXTN,
     the same sampled verify kernels on a chain) takes the same test, so a failure shared with the baseline
     points at SGLang's verify rather than at the tree.
 
