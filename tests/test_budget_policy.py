@@ -93,6 +93,16 @@ def test_an_overconfident_drafter_is_calibrated_down_by_what_the_target_accepts(
     assert policy.calibration[WIDTHS.index(33)].item() < 0.1
 
 
+@pytest.mark.parametrize("price_narrower_widths", [True, False])
+def test_a_verify_prices_the_narrower_widths_unless_told_that_its_paths_are_not_theirs(price_narrower_widths):
+    """By default a width-33 verify calibrates every width up to 33 (its accepted path cut to their prefixes);
+    under a per-width simulation (``price_narrower_widths=False``) only width 33, the one it verified."""
+    policy = policy_of(table(lambda bs, w: 1.0), ema=0.5, price_narrower_widths=price_narrower_widths)
+    policy.observe(tree_of([[0.9] * 32]), 33, torch.tensor([[1] + [-1] * 14]))
+    changed = [w for w, c in zip(WIDTHS, policy.calibration.tolist()) if c != 1.0]
+    assert changed == ([2, 4, 8, 16, 33] if price_narrower_widths else [33])
+
+
 def test_at_width_one_the_drafter_runs_again_every_probe_interval_steps():
     policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), probe_interval=4)
     policy.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))

@@ -241,6 +241,37 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
         assert report["scheduler_states"][0]["ddtree_lean_verify"] == {"lean": verify_calls, "sglang": 0}
 
 
+@pytest.mark.parametrize("step_ms, means, settles_at", [
+    ([1.0, 1.1, 1.2, 3.0], "2:1.5,4:3,9:3.5", 4),  # width 4: 3 tokens in 1.2 ms, 9: 3.5 in 3 ms
+    ([1.0, 1.1, 1.2, 1.3], "2:1.5,4:2,9:3.5", 9),  # 9: 3.5 tokens in 1.3 ms, 4: 2 in 1.2 ms
+], ids=["narrow-pays", "wide-pays"])  # fmt: skip
+def test_budget_auto_under_per_width_simulation_settles_where_the_table_pays(models, tmp_path, step_ms, means,
+                                                                            settles_at):  # fmt: skip
+    """``--budget auto`` with ``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH`` (issue 18's cost-only runs on random weights):
+    each verify commits the mean given for its own width (a bonus-only step 1 token), and the policy learns each
+    width from that width's own verifies, so it settles where the table's tokens per step time are highest. (A
+    real tree's accepted path, cut to a narrower prefix, is what that prefix would have accepted; a simulated one
+    is not, so here a wide verify does not price the narrower widths.)"""
+    target, drafter = models
+    table = tmp_path / "steps.json"
+    table.write_text(json.dumps({"widths": AUTO_WIDTHS, "batch_sizes": [1], "step_ms": [step_ms]}))
+    report = run_engine_generate(
+        {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+         "speculative_num_draft_tokens": AUTO_WIDTHS[-1]},
+        PROMPTS, {**GREEDY, "max_new_tokens": 40},
+        env={"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), "SGLANG_SIMULATE_ACC_LEN": "1.2",
+             "SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH": means},
+    )  # fmt: skip
+    state = report["scheduler_states"][0]
+    assert state["ddtree_simulated_acceptance"]["mean_accept_length_by_width"] == {
+        w: float(m) for w, m in (item.split(":") for item in means.split(","))}
+    metas = report["sequential"]["meta_info"]
+    assert all(meta["completion_tokens"] == 40 for meta in metas)
+    steps = dict(zip(state["ddtree_budget_auto"]["widths"], state["ddtree_budget_auto"]["steps"]))
+    # wide-pays: 89% at width 9 when measured, 79% while a wide verify also priced the narrower widths
+    assert steps[settles_at] > 0.85 * sum(steps.values()), steps
+
+
 def test_the_best_branch_is_the_first_child_chain_cut_at_the_drawn_length():
     import torch
 

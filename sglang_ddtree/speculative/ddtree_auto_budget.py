@@ -28,6 +28,7 @@ from sglang_ddtree.tree.budget_policy import (
     BudgetPolicy,
     requested_step_time_table,
 )
+from sglang_ddtree.speculative.ddtree_simulation import simulated_width_means
 from sglang_ddtree.speculative.ddtree_verify_graphs import VerifyGraphsPerWidth
 from sglang_ddtree.env_flags import env_flag
 from sglang_ddtree.tree.measured_step_times import MeasuredStepTimes, unmeasured_table
@@ -91,13 +92,17 @@ class AutoBudget:
         """The auto budget of a server started with a step time table or ``SGLANG_DDTREE_BUDGET_AUTO=1``, else None
         (a fixed budget)."""
         check_auto_budget_settings(tree_width)
+        # Under a per-width simulation a verify's committed length is drawn for its width: it says nothing of
+        # what a narrower prefix would have committed.
+        prefixes = simulated_width_means() is None
         table = requested_step_time_table()
         if table is not None:
-            return cls(BudgetPolicy(table, table.widths, device=device))
+            return cls(BudgetPolicy(table, table.widths, device=device, price_narrower_widths=prefixes))
         if not env_flag(BUDGET_AUTO_ENV):
             return None
         widths = measured_widths(tree_width)
-        return cls(BudgetPolicy(unmeasured_table(widths), widths, device=device), agree, measure=True)
+        return cls(BudgetPolicy(unmeasured_table(widths), widths, device=device, price_narrower_widths=prefixes),
+                   agree, measure=True)  # fmt: skip
 
     def next_width(self, batch_size: int) -> int:
         """The width of a decode step of ``batch_size`` requests; called once at the start of each."""

@@ -112,6 +112,9 @@ class BudgetPolicy:
     Call :meth:`observe` after each verify (GPU work only) and :meth:`width` before the next draft (host). ``widths``
     must be the verify widths the worker can run, ascending, starting at 1. ``decisions_in_flight``: how many of
     the newest decisions a step does not wait for (0 on a host that finishes each step before the next).
+    ``price_narrower_widths``: a verify also calibrates every narrower width from its accepted path cut to that
+    width's prefix (exact for real trees); off, each width learns only from its own verifies (a simulation whose
+    committed lengths are drawn per width has no such prefix property).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class BudgetPolicy:
         ema: float = 0.05,
         probe_interval: int = 16,
         decisions_in_flight: int = 1,
+        price_narrower_widths: bool = True,
     ) -> None:
         if list(widths) != sorted(set(widths)) or widths[0] != 1:
             raise ValueError(f"widths must ascend from 1, got {list(widths)}")
@@ -135,6 +139,7 @@ class BudgetPolicy:
         self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
         self.calibration = torch.ones(len(self.widths), device=self.device)  # measured / predicted drafts
         self.decisions_in_flight = decisions_in_flight
+        self.price_narrower_widths = price_narrower_widths
         # One host slot per decision that can be pending (observed, not yet taken by width()), reused in turn.
         self._choice_host = torch.zeros(decisions_in_flight + 2, dtype=torch.int64,
                                         pin_memory=self.device.type == "cuda")  # fmt: skip
@@ -187,7 +192,8 @@ class BudgetPolicy:
         nodes = accepted_nodes.to(self.device)
         inside = (nodes.unsqueeze(-1) > 0) & (nodes.unsqueeze(-1) < usable.view(1, 1, -1))  # [bs, D, W']
         ratio = inside.sum(dim=(0, 1)).float() / predicted.sum(dim=0).clamp_min(1e-6)
-        calibrated = (usable > 1) & (usable <= verified_width)
+        calibrated = (usable > 1) & ((usable <= verified_width) if self.price_narrower_widths
+                                     else (usable == verified_width))  # fmt: skip
         current = self.calibration[: len(usable)]
         self.calibration[: len(usable)] = torch.where(calibrated, torch.lerp(current, ratio.clamp(0.0, 4.0), self.ema),
                                                       current)  # fmt: skip
