@@ -15,8 +15,9 @@ program of the apply and commit kernels x their warps; the products in IEEE fp32
 TF32 on tensor cores), with each launch's largest output difference from SGLang's beside its times.
 
 Shapes from Qwen3.6-27B's config (see ``bench/hybrid_verify_cost.py``): 16 key heads and 48 value heads of 128
-at TP 1 (``--tp 2`` halves the heads); trees random with parents among the last 4 nodes (bushy, DDTree-like)
-or chains.
+at TP 1 (``--tp 2`` halves the heads); trees random with parents among the last 4 nodes and at most 15 levels
+below the root, as a DDTree drafted from a block of 16 is (bushy; uncapped in RESULTS runs 66-70, whose trees
+at T = 33 and 65 went up to 16 and 30 levels deep), or chains.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ from sglang_ddtree.kernels.gdn_tree import (
 )
 
 KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
+DDTREE_MAX_DEPTH = 15  # levels below the root of a tree drafted from a block of 16 (z-lab's Qwen3.6 drafters)
 MIB = 1 << 20
 
 
 def random_tree(T: int, shape: str, g: torch.Generator) -> list[int]:
     if shape == "chain":
         return [-1] + list(range(T - 1))
-    return random_parents(T, g)
+    return random_parents(T, g, max_depth=DDTREE_MAX_DEPTH)
 
 
 def launch_configs(text: str) -> list[tuple[int, int, str]]:

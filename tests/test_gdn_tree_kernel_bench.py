@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+import torch
 
 from bench import gdn_tree_kernel
 
@@ -34,3 +35,25 @@ def test_the_report_gives_each_launch_its_verify_and_commit_times_or_says_it_doe
     assert "| bushy | 1 | 33 | 2.000 / 0.160 | 0.900 / 0.100 (2.0e-04 / 3.0e-06) | does not launch |" in text
     assert "per launch" not in gdn_tree_kernel.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "tp": 1},
                                                         "rows": [{**row, "launch_ms": {}}]})  # fmt: skip
+
+
+def test_bushy_trees_are_at_most_as_deep_as_a_block_of_16_drafts_and_chains_are_chains():
+    """Past 15 levels below the root a tree is not one a DDTree of block 16 builds; a random tree that stays
+    shallower than the cap is the same with it."""
+    from sglang_ddtree.tree.gdn_tree_reference import random_parents
+
+    def depth(parents: list[int]) -> int:
+        out = [0]
+        for parent in parents[1:]:
+            out.append(out[parent] + 1)
+        return max(out)
+
+    for T in (33, 65):
+        for seed in range(8):
+            tree = gdn_tree_kernel.random_tree(T, "bushy", torch.Generator().manual_seed(seed))
+            uncapped = random_parents(T, torch.Generator().manual_seed(seed))
+            assert depth(tree) <= gdn_tree_kernel.DDTREE_MAX_DEPTH
+            assert all(0 <= parent < node for node, parent in enumerate(tree) if node)
+            if depth(uncapped) < gdn_tree_kernel.DDTREE_MAX_DEPTH:  # no node the cap forbids as a parent
+                assert tree == uncapped
+    assert gdn_tree_kernel.random_tree(5, "chain", torch.Generator()) == [-1, 0, 1, 2, 3]

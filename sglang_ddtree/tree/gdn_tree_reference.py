@@ -16,6 +16,8 @@ token, whose parent is the persistent state): a DDTree's pop order.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -34,10 +36,20 @@ def unit(x: torch.Tensor) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def random_parents(T: int, generator: torch.Generator, reach: int = 4) -> list[int]:
+def random_parents(T: int, generator: torch.Generator, reach: int = 4, max_depth: Optional[int] = None) -> list[int]:
     """A random tree in pop order, each node's parent among the ``reach`` nodes before it: wide near the root,
-    deep branches below, like a DDTree's (tests and benchmarks)."""
-    return [-1] + [int(torch.randint(max(0, i - reach), i, (1,), generator=generator)) for i in range(1, T)]
+    deep branches below, like a DDTree's (tests and benchmarks). ``max_depth``: no node more than that many edges
+    below the root (a DDTree's depth is capped by its drafter's block: 15 below the root for a block of 16); a
+    node whose ``reach`` nodes are all that deep hangs off an earlier node that is not."""
+    parents, depth = [-1], [0]
+    for i in range(1, T):
+        allowed = [j for j in range(max(0, i - reach), i) if max_depth is None or depth[j] < max_depth]
+        if not allowed:
+            allowed = [j for j in range(i) if depth[j] < max_depth]
+        parent = allowed[int(torch.randint(0, len(allowed), (1,), generator=generator))]
+        parents.append(parent)
+        depth.append(depth[parent] + 1)
+    return parents
 
 
 def reference_gdn_tree_verify(
