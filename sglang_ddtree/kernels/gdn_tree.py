@@ -136,10 +136,10 @@ def _gdn_tree_factor_kernel(
     u``; both to ``factors`` with each row's ``beta``, ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace:
     ``G``, the unit keys and (once per request) the parents.
 
-    ``BR`` rows at a time (all of them up to 64 nodes): first each block's ``A`` and ``P`` rows, then the inverse a
-    block at a time, each block's rows from the blocks above it (parents come before children) and, within the
-    block, one tree level at a time. ``factors`` holds ``A`` until its rows are replaced by the inverse's; rows
-    one program stores and then loads again cross a barrier."""
+    ``BR`` rows at a time (all of them up to 64 nodes): each block's ``A`` and ``P`` rows, then its rows of the
+    inverse, from the blocks above it (parents come before children) and, within the block, one tree level at a
+    time. Past one block ``factors`` holds a block's ``A`` rows until the inverse's replace them; rows one program
+    stores and then loads again cross a barrier."""
     i_nh = tl.program_id(0)
     i_n, i_hv, i_h, _, _, _ = _program_tree(i_nh, T, H, HV, NP)
     cols = tl.arange(0, NP)
@@ -196,28 +196,31 @@ def _gdn_tree_factor_kernel(
         inv_k = tl.sum(tl.where(cols[None, :] == rows[:, None], inv_k_c[None, :], 0.0), 1)
         beta = tl.sum(tl.where(cols[None, :] == rows[:, None], beta_c[None, :], 0.0), 1)
         strict = anc & (cols[None, :] != rows[:, None])
-        tl.store(square + rows[:, None] * NP, tl.where(strict, decay * kk * inv_k_c[None, :], 0.0) * (beta * inv_k)[:, None])
+        a_rows = tl.where(strict, decay * kk * inv_k_c[None, :], 0.0) * (beta * inv_k)[:, None]  # [BR, NP]
         tl.store(p_rows + rows[:, None] * NP, tl.where(anc, decay * qk * inv_k_c[None, :], 0.0) * inv_q[:, None])
         gamma = tl.exp(b_G)
         tl.store(factors + 2 * NP * NP + NP + rows, gamma * inv_k)
         tl.store(factors + 2 * NP * NP + 2 * NP + rows, gamma * inv_q)
-    tl.debug_barrier()
 
-    # (I + A)^-1 by forward substitution: a node's row is its unit row minus its ancestors' rows weighted by A.
-    for r0 in tl.static_range(0, NP, BR):
-        rows = r0 + tl.arange(0, BR)
-        valid = rows < T
+        # These rows of (I + A)^-1 by forward substitution: a node's row is its unit row minus its ancestors' rows
+        # weighted by A; ancestors above the block are inverted already, those within it sit at smaller depths.
         inverse = tl.where(cols[None, :] == rows[:, None], 1.0, 0.0)
-        for p0 in tl.static_range(0, r0, BR):  # the blocks above, already inverted
-            above = p0 + tl.arange(0, BR)
-            a_above = tl.load(factors + rows[:, None] * NP + above[None, :])  # [BR, BR]
-            inverse -= tl.dot(a_above, tl.load(square + above[:, None] * NP), input_precision=DOT)
+        if BR == NP:
+            a_block = a_rows
+        else:  # A's columns of each block, from memory (a register tile has no column slices)
+            tl.store(square + rows[:, None] * NP, a_rows)
+            tl.debug_barrier()
+            for p0 in tl.static_range(0, r0, BR):
+                above = p0 + tl.arange(0, BR)
+                a_above = tl.load(factors + rows[:, None] * NP + above[None, :])  # [BR, BR]
+                inverse -= tl.dot(a_above, tl.load(square + above[:, None] * NP), input_precision=DOT)
+            a_block = tl.load(factors + rows[:, None] * NP + rows[None, :])  # [BR, BR]
         unit = inverse
-        a_block = tl.load(factors + rows[:, None] * NP + rows[None, :])  # [BR, BR]: ancestors within the block
-        depth = tl.sum(_ancestors(req_parents, rows, valid, rows).to(tl.int32), 1)  # within the block, itself too
+        depth = tl.sum((anc & (cols[None, :] >= r0)).to(tl.int32), 1)  # ancestors within the block, itself too
         for d in range(2, tl.max(depth, 0) + 1):
             level = unit - tl.dot(a_block, inverse, input_precision=DOT)
             inverse = tl.where((depth == d)[:, None], level, inverse)
+        tl.debug_barrier()  # every thread's loads of this block's A rows are done
         tl.store(square + rows[:, None] * NP, inverse)
         tl.debug_barrier()
 
