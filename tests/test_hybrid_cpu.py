@@ -207,9 +207,11 @@ TP_SHAPE = HybridShape(
 )  # fmt: skip
 
 
-def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_path):
+@pytest.mark.parametrize("gdn_verify", ["snapshots", "wy"])
+def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_path, gdn_verify):
     """TP=2 on a hybrid target: each rank holds half the GDN heads, and the tree (built from the all-gathered
-    top-K) must be the same on both, every step (SGLANG_DDTREE_CHECK_TP_TREES); output equals TP=1 AR."""
+    top-K) must be the same on both, every step (SGLANG_DDTREE_CHECK_TP_TREES); output equals TP=1 AR. Through
+    SGLang's per-node snapshots and through the snapshot-free verify (each rank its own heads' workspace)."""
     target = make_qwen35_hybrid_target(str(tmp_path / "qwen35"), TP_SHAPE)
     drafter = make_swa_dflash_drafter(str(tmp_path / "dflash_swa"), target_num_layers=TP_SHAPE.num_layers,
                                       hidden_size=TP_SHAPE.hidden_size, vocab_size=VOCAB)  # fmt: skip
@@ -218,9 +220,13 @@ def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_
     report = run_engine_generate(
         {**exact_engine_args(target), "tp_size": 2, "speculative_algorithm": "DDTREE",
          "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": 33},
-        prompts, GREEDY, env={**EXACT_ENV, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1"},
+        prompts, GREEDY, env={**EXACT_ENV, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1",
+                              **({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {})},
     )  # fmt: skip
     assert report["sequential"]["output_ids"] == expected
+    if gdn_verify == "wy":
+        used = report["scheduler_states"][0]["ddtree_gdn_wy_verify"]
+        assert used["layer_verifies"] > 0 and used["commits"] > 0, used
     check = report["scheduler_states"][0]["ddtree_tp_tree_check"]
     assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
     assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0
