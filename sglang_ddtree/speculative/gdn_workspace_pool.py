@@ -13,7 +13,7 @@ that SSM buffer per request and layer: 2 states' worth at Qwen3.6-27B's heads an
   conv windows + SSM state: :attr:`WorkspaceLayout.reserved_node_states`), so the memory the per-node states no
   longer take goes where that solve puts memory: the KV cache, and more mamba slots where it sizes those;
 - the pool is built with the workspace's slots as its draft-token count, then the conv windows get their N back
-  (SGLang's tree conv still writes one per node; a few KiB each).
+  (SGLang's tree conv still writes one per node: 60 KiB per GDN layer at Qwen3.6-27B's shape, TP 1).
 
 Only for a DDTREE server's GDN hybrid target with float32 SSM states (the WY verify's requirement; with others the
 verify and this buffer stay SGLang's, said once in the log) in SGLang's ``MambaPool`` (``--enable-unified-memory``
