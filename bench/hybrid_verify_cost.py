@@ -162,9 +162,34 @@ _STATE_LINE = re.compile(r"(conv_state|ssm_state|intermediate_ssm_state_cache|in
                          r"([0-9.]+)GB")  # fmt: skip
 
 
+_MAMBA_SLOTS = re.compile(r"Mamba Cache is allocated\. max_mamba_cache_size: ([0-9]+)")
+# The WY verify's pool logs its per-request buffers after rebuilding the conv windows for every node, which
+# SGLang's line above, printed before that, counts for the workspace's slots only (gdn_workspace_pool).
+_WORKSPACE_LINE = re.compile(r"DDTREE GDN verify from the root state: .* per-node buffers of ([0-9.]+) MiB per "
+                             r"request slot")  # fmt: skip
+
+
 def gdn_state_gb(log_text: str) -> dict[str, float]:
-    """SGLang's ``Mamba Cache is allocated`` line: GB per state buffer (absent for attention-only models)."""
-    return {name: float(gb) for name, gb in _STATE_LINE.findall(log_text)}
+    """SGLang's ``Mamba Cache is allocated`` line: GB per state buffer (absent for attention-only models), the
+    requests they are sized for (``mamba_slots``), and under the WY verify its own per-request figure."""
+    sizes: dict[str, float] = {name: float(gb) for name, gb in _STATE_LINE.findall(log_text)}
+    slots, workspace = _MAMBA_SLOTS.search(log_text), _WORKSPACE_LINE.search(log_text)
+    if sizes and slots:
+        sizes["mamba_slots"] = int(slots.group(1))
+    if workspace:
+        sizes["workspace_mib_per_request"] = float(workspace.group(1))
+    return sizes
+
+
+def verify_state_cell(state: dict[str, float]) -> str:
+    """The per-node (or workspace) GDN verify buffers: GB in all and MiB per request. SGLang's buffers have a row
+    per request slot and one spare (``mamba_slots + 1``)."""
+    scratch = state.get("intermediate_ssm_state_cache", 0) + state.get("intermediate_conv_window_cache", 0)
+    if not state.get("mamba_slots"):  # reports from before the slots were read
+        return f"{scratch:.2f}"
+    rows = state["mamba_slots"] + 1
+    per_request = state.get("workspace_mib_per_request") or scratch * 1024 / rows
+    return f"{per_request * rows / 1024:.2f} ({per_request:.0f})"
 
 
 def measure(url: str, bs: int, prompt_len: int, new_tokens: int, seed: int) -> list[float]:
@@ -338,7 +363,8 @@ def markdown(report: dict, taus: dict[str, float]) -> str:
         f"{meta['prompt_len']}-token prompts, {meta['new_tokens']} new tokens, median of {meta['repeats']} runs x bs "
         "requests. Nothing is accepted (random weights): a step commits one token, its time is the fixed cost.", "",
         "| config | verify tokens | SSM | " + " | ".join(f"step ms bs {bs}" for bs in batch_sizes)
-        + " | " + " | ".join(f"tree verify ms bs {bs}" for bs in batch_sizes) + " | GDN verify state GB | start s |",
+        + " | " + " | ".join(f"tree verify ms bs {bs}" for bs in batch_sizes)
+        + " | GDN verify state GB (MiB per request) | start s |",
         "|:--|--:|:--|" + "--:|" * (2 * len(batch_sizes)) + "--:|--:|",
     ]  # fmt: skip
     for row in rows:
@@ -347,10 +373,9 @@ def markdown(report: dict, taus: dict[str, float]) -> str:
             cell = row["cells"].get(str(bs), {})
             steps.append(f"{cell['step_ms']:.2f}" if "step_ms" in cell else ("does not fit" if "refused" in cell else "–"))
             verifies.append(f"{cell['phase_ms']['verify']:.2f}" if cell.get("phase_ms") else "–")
-        state = row.get("gdn_state_gb") or {}
-        scratch = state.get("intermediate_ssm_state_cache", 0) + state.get("intermediate_conv_window_cache", 0)
         lines.append(f"| {row['config']} | {row['width']} | {row['ssm_dtype'] or '–'} | " + " | ".join(steps) + " | "
-                     + " | ".join(verifies) + f" | {scratch:.2f} | {row.get('server_start_s', '–')} |")  # fmt: skip
+                     + " | ".join(verifies) + f" | {verify_state_cell(row.get('gdn_state_gb') or {})} | "
+                     f"{row.get('server_start_s', '–')} |")  # fmt: skip
     refusals = [(row["config"], bs, cell["refused"]) for row in rows for bs, cell in row["cells"].items() if "refused" in cell]
     if refusals:
         lines += ["", "Refused by the launcher (the GDN verify state of that many requests does not fit):", ""]

@@ -48,9 +48,20 @@ def test_on_an_h200_the_widest_fp32_tree_fits_one_request_but_not_eight(models, 
 def test_server_log_gives_the_gdn_state_sglang_allocated():
     line = ("Mamba Cache is allocated. max_mamba_cache_size: 9, conv_state size: 0.01GB, ssm_state size: 0.28GB "
             "intermediate_ssm_state_cache size: 9.28GB intermediate_conv_window_cache size: 0.19GB ")  # fmt: skip
-    assert cost.gdn_state_gb("noise\n" + line) == {
+    state = cost.gdn_state_gb("noise\n" + line)
+    assert state == {
         "conv_state": 0.01, "ssm_state": 0.28, "intermediate_ssm_state_cache": 9.28, "intermediate_conv_window_cache": 0.19,
+        "mamba_slots": 9,
     }  # fmt: skip
+    assert cost.verify_state_cell(state) == "9.47 (970)"  # GB in all, MiB per request (10 rows: 9 slots + 1)
+    assert cost.verify_state_cell({"intermediate_ssm_state_cache": 2.53}) == "2.53"  # an older report's row
+    # Under the WY verify SGLang's line counts the conv windows before the pool gives every node its own: the
+    # package's line after it has the buffers per request.
+    wy = cost.gdn_state_gb(line.replace("9.28GB", "0.56GB").replace("0.19GB", "0.01GB") + "\n[x] DDTREE GDN verify "
+                           "from the root state: 2 SSM states per request and layer (the workspace) instead of 33, "
+                           "per-node buffers of 380.8 MiB per request slot")  # fmt: skip
+    assert wy["workspace_mib_per_request"] == 380.8
+    assert cost.verify_state_cell(wy) == "3.72 (381)"
 
 
 def test_kernel_time_is_split_by_kind_per_step(tmp_path):
