@@ -26,9 +26,8 @@ ancestor mask, inverted one tree level at a time, in blocks of 32 rows past 64 n
 products with the keys under the same mask — into a scratch of ``2 NP^2 + 3 NP`` floats per (request, value head);
 then one program per (request, value head, ``BV`` value columns) applies them: ``u = (I + A)^-1 beta (v - gamma K
 S0)``, ``o = gamma Q S0 + P u``. Keys, queries and states are read in chunks of 32 key columns, so no program
-holds an ``[NP, K]`` tile whole
-(the earlier single kernel did, once per value block; 8 warps instead of 4 halved its time,
-``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16``
+holds an ``[NP, K]`` tile whole (the earlier single kernel did, once per value block; 8 warps instead of 4 halved
+its time, ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16``
 (``tl.dot``'s minimum); the products in three-pass TF32 (IEEE fp32 on request, ``DOT_PRECISIONS``).
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
