@@ -111,7 +111,7 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
     sglang_out = sglang_verify().view(bs, T, HV, K)
     sglang_state = snapshots[torch.arange(bs, device=dev), last].clone()
     ours_out = ours_verify()
-    gdn_tree_commit(pool[None], workspace[None], slots, last, T)
+    gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots)
     ours_state = pool[slots].clone()
     pool.copy_(base)
 
@@ -123,7 +123,7 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
         pool[slots] = snapshots[torch.arange(bs, device=dev), last]
 
     def ours_commit() -> None:
-        gdn_tree_commit(pool[None], workspace[None], slots, last, T)
+        gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots)
 
     times = {name: triton.testing.do_bench(fn, return_mode="median")
              for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
@@ -136,7 +136,7 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
         try:
             out = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace,
                                   torch.arange(bs, device=dev), scale, **launch)  # fmt: skip
-            gdn_tree_commit(pool[None], workspace[None], slots, last, T, **launch)
+            gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots, **launch)
         except OutOfResources as error:  # e.g. three-pass TF32 on [128, 128] tiles: over Hopper's shared memory
             swept[launch_name(block_v, warps, precision)] = {"error": str(error).split(".")[0]}
             continue
@@ -146,7 +146,7 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
             q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace, torch.arange(bs, device=dev), scale,
             **launch), return_mode="median")  # fmt: skip
         commit_ms = triton.testing.do_bench(lambda: gdn_tree_commit(pool[None], workspace[None], slots, last, T,
-                                                                    **launch), return_mode="median")  # fmt: skip
+                                                                    source_indices=slots, **launch), return_mode="median")  # fmt: skip
         swept[launch_name(block_v, warps, precision)] = {
             "verify": round(verify_ms, 4), "commit": round(commit_ms, 4),
             "max_abs_diff_output": float((out.float() - sglang_out.float()).abs().max()),

@@ -31,36 +31,37 @@ def qwen36_27b_cache_params(tp: int) -> Mamba2CacheParams:
 
 @pytest.mark.parametrize(
     "nodes, HV, K, V, slots",
-    [(33, 48, 128, 128, 2), (33, 24, 128, 128, 2), (9, 24, 128, 128, 2), (65, 24, 128, 128, 3), (2, 24, 128, 128, 2),
-     (9, 1, 32, 32, 2), (33, 1, 32, 32, 4)],
+    [(33, 48, 128, 128, 1), (33, 24, 128, 128, 1), (9, 24, 128, 128, 1), (65, 24, 128, 128, 2), (2, 24, 128, 128, 1),
+     (9, 1, 32, 32, 1), (33, 1, 32, 32, 3)],
 )  # fmt: skip
 def test_a_request_workspace_takes_the_fewest_whole_states_that_hold_it(nodes, HV, K, V, slots):
-    """Qwen3.6-27B's heads (at TP 1 and 2): 2 states for trees of 9 or 33 nodes, where SGLang keeps 9 or 33; a
-    2-node tree saves nothing. The last two rows are test_hybrid_cpu.py's GDN heads."""
+    """Qwen3.6-27B's heads (at TP 1 and 2): 1 state for trees of 2, 9 or 33 nodes, where SGLang keeps 2, 9 or 33
+    (the root state is not copied: the commit reads it in the request's slot), 2 for 65. The last two rows are
+    test_hybrid_cpu.py's GDN heads, whose small states hold fewer nodes each."""
     state = HV * V * K
     assert workspace_slots(nodes, HV, K, V) == slots
     assert (slots - 1) * state < workspace_numel(nodes, HV, K, V) <= slots * state
 
 
-def test_sglangs_sizing_reserves_two_states_per_request_slot_at_qwen36_27b_not_33():
+def test_sglangs_sizing_reserves_one_state_per_request_slot_at_qwen36_27b_not_33():
     """SGLang's sizing charges per-node buffers in whole nodes (``mamba_cache_per_req``: one conv window and one
     SSM state in every GDN layer) times N. With N replaced by the layout's size in that unit it reserves exactly
-    the layout: at TP 2, 33 conv windows and 2 SSM states per GDN layer, 190 MiB per request slot where the
+    the layout: at TP 2, 33 conv windows and 1 SSM state per GDN layer, 118 MiB per request slot where the
     per-node snapshots take 2.37 GiB (73.4 MiB per node)."""
     params = qwen36_27b_cache_params(tp=2)
     layout = WorkspaceLayout.of(params, nodes=33)
     ssm_bytes, conv_bytes = 24 * 128 * 128 * 4, (2 * 16 + 48) * 128 // 2 * 3 * 2
-    assert (layout.ssm_slots, layout.ssm_bytes, layout.conv_bytes) == (2, ssm_bytes, conv_bytes)
+    assert (layout.ssm_slots, layout.ssm_bytes, layout.conv_bytes) == (1, ssm_bytes, conv_bytes)
     node_bytes = params.mamba_cache_per_req
     assert node_bytes == 48 * (ssm_bytes + conv_bytes) and round(node_bytes / MIB, 1) == 73.4
     reserved = round(node_bytes * layout.reserved_node_states)
-    assert reserved == 48 * (33 * conv_bytes + 2 * ssm_bytes) and round(reserved / MIB) == 190
-    assert node_bytes * 33 - reserved == 48 * 31 * ssm_bytes  # 2232 MiB per request slot back to the KV cache
+    assert reserved == 48 * (33 * conv_bytes + ssm_bytes) and round(reserved / MIB) == 118
+    assert node_bytes * 33 - reserved == 48 * 32 * ssm_bytes  # 2304 MiB per request slot back to the KV cache
 
 
 def test_the_planned_pool_holds_the_workspace_states_and_a_conv_window_per_node(monkeypatch):
     """``MambaPool`` built through the hook under a plan for 9-node trees: the same persistent states and per-node
-    conv windows as SGLang's own pool for 9 nodes, but 2 SSM states per request slot where SGLang's has 9 (CPU
+    conv windows as SGLang's own pool for 9 nodes, but 1 SSM state per request slot where SGLang's has 9 (CPU
     device: the CPU-CI shim sends the pool's hard-coded CUDA buffers to the pool's device)."""
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
@@ -76,10 +77,10 @@ def test_the_planned_pool_holds_the_workspace_states_and_a_conv_window_per_node(
     pool = MambaPool.__new__(MambaPool)
     allocate_the_workspace_not_node_states(MambaPool.__init__, pool, **kwargs)
     ours = pool.mamba_cache
-    assert ours.intermediate_ssm.shape == (2, 4, 2, 1, 32, 32) and sglangs.intermediate_ssm.shape[2] == 9
+    assert ours.intermediate_ssm.shape == (2, 4, 1, 1, 32, 32) and sglangs.intermediate_ssm.shape[2] == 9
     for name in ("conv", "intermediate_conv_window"):
         assert [t.shape for t in getattr(ours, name)] == [t.shape for t in getattr(sglangs, name)]
     assert ours.temporal.shape == sglangs.temporal.shape
     per_request = gdn_workspace_pool.workspace_pool_report()
-    assert per_request["ssm_slots_per_request"] == 2
-    assert per_request["bytes_per_request"] == 2 * (9 * 96 * 3 + 2 * 32 * 32) * 4
+    assert per_request["ssm_slots_per_request"] == 1
+    assert per_request["bytes_per_request"] == 2 * (9 * 96 * 3 + 32 * 32) * 4

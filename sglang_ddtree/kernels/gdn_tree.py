@@ -14,11 +14,10 @@ is a forward substitution over the tree, node ``i``'s output is
     o_i = exp(G_i) S0^T q_i + sum_{j = i or ancestor} exp(G_i - G_j) (q_i . k_j) u_j
 
 and the state after the path ending at node ``L`` is ``exp(G_L) S0 + sum_{j on the path} exp(G_L - G_j) k_j
-u_j^T``. :func:`gdn_tree_verify` leaves in each request's workspace what :func:`gdn_tree_commit` needs for that:
-a copy of ``S0``, ``u``, ``G``, the unit keys and the parents (:func:`workspace_numel` floats: 1 + T (K + V + 1) /
-(K V) snapshots' worth, 1.5 at T = 33 for 128-dim heads, where SGLang writes 33), so any node's state can be
-committed, into any slot, in any order (the accepted node's into the request's slot, a prefix-cache track
-node's into its track slot).
+u_j^T``. :func:`gdn_tree_verify` leaves in each request's workspace what :func:`gdn_tree_commit` needs besides
+``S0``, which stays in the pool: ``u``, ``G``, the unit keys and the parents (:func:`workspace_numel` floats: T (K +
+V + 1) / (K V) snapshots' worth, 0.52 at T = 33 for 128-dim heads, where SGLang writes 33), so any node's state
+can be committed into any slot (a prefix-cache track node's into its track slot), the request's own slot last.
 
 Two kernels per layer, FLA's chunked form for one chunk that is a tree: one program per (request, value head)
 builds what the values do not enter — the ancestor closure, ``(I + A)^-1`` (``A`` the keys' products under the
@@ -32,8 +31,8 @@ its time, ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is p
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
-commit takes ``fused_mamba_state_scatter_with_mask``'s arguments, so it can stand in for SGLang's scatter of
-snapshots. The executable specification is ``sglang_ddtree.tree.gdn_tree_reference``.
+commit takes ``fused_mamba_state_scatter_with_mask``'s arguments and the requests' own slots, so it can stand in
+for SGLang's scatter of snapshots. The executable specification is ``sglang_ddtree.tree.gdn_tree_reference``.
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ def _commit_launch(NP: int) -> tuple[int, int]:
 
 @triton.jit
 def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    off_u = HV * V * K
+    off_u = 0
     off_g = off_u + T * HV * V
     off_k = off_g + T * HV
     return off_u, off_g, off_k, off_k + T * HV * K
@@ -232,7 +231,7 @@ def _gdn_tree_apply_kernel(
     BK: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """Per (request, value head, ``BV`` value columns): ``u = (I + A)^-1 beta (v - gamma K S0)``, ``o = gamma Q S0
-    + P u`` with the factor kernel's inverse, ``P`` and row scales; ``S0`` and ``u`` to the workspace."""
+    + P u`` with the factor kernel's inverse, ``P`` and row scales; ``u`` to the workspace."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP)
     cols = tl.arange(0, NP)
@@ -248,7 +247,6 @@ def _gdn_tree_apply_kernel(
         o_k = c + tl.arange(0, BK)
         b_h0 = tl.load(h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None],
                        mask=mask_v[None, :] & (slot >= 0), other=0).to(tl.float32)  # [BK, BV]  # fmt: skip
-        tl.store(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], b_h0, mask=mask_v[None, :])
         b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
         b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
         q_h0 += tl.dot(b_q, b_h0, input_precision=DOT)
@@ -270,7 +268,7 @@ def _gdn_tree_apply_kernel(
 @triton.jit
 def _gdn_tree_commit_kernel(
     dst_ptr, stride_dst_layer, stride_dst_slot, ws_ptr, stride_ws_layer, stride_ws_request,
-    dst_indices_ptr, nodes_ptr, T,
+    dst_indices_ptr, src_indices_ptr, nodes_ptr, T,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
     DOT: tl.constexpr,
 ):  # fmt: skip
@@ -296,12 +294,15 @@ def _gdn_tree_commit_kernel(
         b_u = tl.load(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
                       mask=on_path[:, None] & mask_v[None, :], other=0)  # fmt: skip
         weighted_u = weight[:, None] * b_u
-        slot = tl.load(dst_indices_ptr + i_n).to(tl.int64)
-        dst = dst_ptr + i_layer.to(tl.int64) * stride_dst_layer + slot * stride_dst_slot + i_hv * V * K
+        layer = dst_ptr + i_layer.to(tl.int64) * stride_dst_layer + i_hv * V * K
+        dst = layer + tl.load(dst_indices_ptr + i_n).to(tl.int64) * stride_dst_slot
+        # The root state where the verify read it; the destination may be that same slot: each chunk of it is read
+        # before this program writes it, and no other program touches this program's value columns.
+        src = layer + tl.load(src_indices_ptr + i_n).to(tl.int64) * stride_dst_slot
         for c in range(0, K, BK):
             o_k = c + tl.arange(0, BK)
             b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=on_path[:, None], other=0)
-            b_h0 = tl.load(ws + i_hv * V * K + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0)
+            b_h0 = tl.load(src + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0).to(tl.float32)
             b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weighted_u, input_precision=DOT)  # [BK, BV]
             p_h = dst + o_v[None, :] * K + o_k[:, None]
             tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
@@ -389,14 +390,18 @@ def build_factors(
 
 
 def gdn_tree_commit(
-    dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int,
-    block_v: Optional[int] = None, num_warps: Optional[int] = None, dot_precision: str = DEFAULT_DOT_PRECISION,
+    dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int, *,
+    source_indices: torch.Tensor, block_v: Optional[int] = None, num_warps: Optional[int] = None,
+    dot_precision: str = DEFAULT_DOT_PRECISION,
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
-    path of ``nodes[i]``, from ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers,
-    requests, ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``;
-    the tree verified may have had fewer, the nodes of its paths are all below ``T``); ``block_v``, ``num_warps``,
-    ``dot_precision``: as for :func:`gdn_tree_verify` (default launch: :func:`_commit_launch`)."""
+    path of ``nodes[i]``, from the root state ``dst[:, source_indices[i]]`` (the slot the verify read: the
+    request's own) and ``workspace[:, i]`` (``dst [layers, slots, HV, V, K]``, ``workspace [layers, requests,
+    ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``; the tree
+    verified may have had fewer, the nodes of its paths are all below ``T``). The destination may be the source
+    slot itself; a commit into another slot (a prefix-cache track node's) must come before that one, which
+    replaces the root state. ``block_v``, ``num_warps``, ``dot_precision``: as for :func:`gdn_tree_verify`
+    (default launch: :func:`_commit_launch`)."""
     if dot_precision not in DOT_PRECISIONS:
         raise ValueError(f"gdn_tree_commit: dot_precision must be one of {DOT_PRECISIONS}, got '{dot_precision}'")
     layers, _, HV, V, K = dst.shape
@@ -406,6 +411,6 @@ def gdn_tree_commit(
     grid = (triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)
     _gdn_tree_commit_kernel[grid](
         dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
-        dst_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=min(K, _BK), DOT=dot_precision,
-        num_warps=num_warps,
+        dst_indices, source_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=min(K, _BK),
+        DOT=dot_precision, num_warps=num_warps,
     )  # fmt: skip

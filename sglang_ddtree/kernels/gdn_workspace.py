@@ -5,9 +5,9 @@ from __future__ import annotations
 
 
 def workspace_numel(T: int, HV: int, K: int, V: int) -> int:
-    """float32 elements of one request's workspace: S0, then per node u, G, the unit key (per value head) and
-    the parent."""
-    return HV * V * K + T * HV * (V + 1 + K) + T
+    """float32 elements of one request's workspace: per node u, G, the unit key (per value head) and the parent.
+    The root state stays in the pool, where the commit reads it."""
+    return T * HV * (V + 1 + K) + T
 
 
 def workspace_slots(nodes: int, HV: int, K: int, V: int) -> int:

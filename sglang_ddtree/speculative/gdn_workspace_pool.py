@@ -6,8 +6,9 @@ states (``MambaPool``'s ``intermediate_ssm``, ``[layers, max_running_requests + 
 ``max_speculative_num_draft_tokens``) and N conv windows, and its memory sizing
 (``KVCacheConfigurator._handle_max_mamba_cache``) sets aside N x (conv window + SSM state) per request and layer
 for them. The snapshot-free verify (``hybrid_tree_verify``) writes only ``workspace_numel(N, HV, K, V)`` floats of
-that SSM buffer per request and layer: 2 states' worth at Qwen3.6-27B's heads and N = 33, where SGLang keeps 33
-(72 MiB per node over its 48 GDN layers at TP 2: 2.3 GiB per request slot). Two AROUND hooks, on the target:
+that SSM buffer per request and layer: 0.52 states' worth (1 slot) at Qwen3.6-27B's heads and N = 33, where SGLang
+keeps 33 (72 MiB per node over its 48 GDN layers at TP 2: 2.3 GiB per request slot). Two AROUND hooks, on the
+target:
 
 - the sizing runs SGLang's own solve with N replaced by the layout's size in the unit SGLang charges (one node's
   conv windows + SSM state: :attr:`WorkspaceLayout.reserved_node_states`), so the memory the per-node states no

@@ -1,21 +1,23 @@
 """DDTREE's snapshot-free tree verify through Gated DeltaNet layers (``SGLANG_DDTREE_GDN_WY_VERIFY=1``, opt-in until
-the GPU comparison of issue 17 says it is faster).
+the GPU suite has run it under sampling and with the prefix cache: issue 17).
 
 SGLang 0.5.17 verifies a tree through a GDN layer node by node (``GDNKernelDispatcher.target_verify`` with
 ``retrieve_parent_token``), writing every node's state into the layer's ``intermediate_ssm`` buffer, and commits
 by copying the accepted node's (and a prefix-cache track node's) snapshot into the pool
-(``fused_mamba_state_scatter_with_mask``). Two AROUND hooks put ``kernels/gdn_tree.py`` in their place on a
+(``scatter_mamba_states_after_mtp_verify``). Two AROUND hooks put ``kernels/gdn_tree.py`` in their place on a
 DDTREE server: the verify computes every node's output from the root state and leaves the commit data in the
-request's row of that same buffer, and the scatter builds the requested nodes' states from it. That row holds
-only the workspace's states, not N (``gdn_workspace_pool``). The conv windows keep SGLang's per-node path (a few
-KiB per node). A float32 state buffer is required (the commit data are float32); with ``--mamba-ssm-dtype
-bfloat16`` both hooks (and the buffer's size) leave SGLang's path in place and say so once.
+request's row of that same buffer, and the commit builds the requested nodes' states from it and the root state,
+which stays in the request's slot until the request's own commit replaces it. That row holds only the workspace's
+states, not N (``gdn_workspace_pool``). The conv windows keep SGLang's per-node path (60 KiB per node and GDN
+layer at Qwen3.6-27B's shape). A float32 state buffer is required (the commit data are float32); with
+``--mamba-ssm-dtype bfloat16`` both hooks (and the buffer's size) leave SGLang's path in place and say so once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -25,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 WY_VERIFY_ENV = "SGLANG_DDTREE_GDN_WY_VERIFY"
 VERIFY_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.target_verify"
-SCATTER_TARGET = "sglang.kernels.ops.mamba.mamba_state_scatter_triton.fused_mamba_state_scatter_with_mask"
+# The name the hybrid backend's commit calls (``update_mamba_state_after_mtp_verify``), bound at its import.
+SCATTER_TARGET = "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify"
 _counts = {"layer_verifies": 0, "commits": 0}
 _warned = False
 
@@ -80,18 +83,29 @@ def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispa
     return out.view_as(v)
 
 
-def commit_nodes_from_the_workspace(original: Callable[..., None], dst: torch.Tensor, src: torch.Tensor,
-                                    dst_indices_raw: torch.Tensor, step_indices_raw: torch.Tensor) -> None:  # fmt: skip
-    """AROUND ``fused_mamba_state_scatter_with_mask`` (the SSM part of SGLang's commit after a verify)."""
+def commit_nodes_from_the_root_state(original: Callable[..., None], mamba_caches: Any, state_indices: torch.Tensor,
+                                     last_correct_step_indices: torch.Tensor, mamba_track_indices: Optional[torch.Tensor],
+                                     mamba_steps_to_track: Optional[torch.Tensor]) -> None:  # fmt: skip
+    """AROUND ``scatter_mamba_states_after_mtp_verify`` (SGLang's commit after a verify: each request's accepted
+    node into its slot, a prefix-cache track node into its track slot; SSM states, then conv windows). The SSM
+    states are built from the root state in the request's slot and the workspace, the track node's first: the
+    request's own commit then replaces that root state. The conv windows stay SGLang's."""
     from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit
 
-    if not serving_ddtree() or not float32_states(src.dtype):
-        return original(dst, src, dst_indices_raw, step_indices_raw)
-    layers, requests = src.shape[:2]
+    ssm_states, workspace = mamba_caches.temporal, mamba_caches.intermediate_ssm
+    args = (last_correct_step_indices, mamba_track_indices, mamba_steps_to_track)
+    if not serving_ddtree() or workspace is None or ssm_states.numel() == 0 or not float32_states(workspace.dtype):
+        return original(mamba_caches, state_indices, *args)
+    workspace = workspace.view(*workspace.shape[:2], -1)
     capacity = tree_capacity()  # the layout every verify wrote, whatever its tree's width
-    gdn_tree_commit(dst, src.view(layers, requests, -1), dst_indices_raw, step_indices_raw, capacity)
+    if mamba_track_indices is not None:
+        gdn_tree_commit(ssm_states, workspace, mamba_track_indices, mamba_steps_to_track, capacity,
+                        source_indices=state_indices)  # fmt: skip
+    gdn_tree_commit(ssm_states, workspace, state_indices, last_correct_step_indices, capacity,
+                    source_indices=state_indices)  # fmt: skip
     _counts["commits"] += 1
-    return None
+    # SGLang's scatter skips the SSM states when there are none: only the conv windows are left to it.
+    return original(dataclasses.replace(mamba_caches, temporal=ssm_states[:0]), state_indices, *args)
 
 
 def wy_verify_report() -> dict[str, Any] | None:
@@ -108,5 +122,5 @@ def wy_verify_report() -> dict[str, Any] | None:
 def register(registry: Any, hook_type: Any) -> None:
     from sglang_ddtree.speculative import gdn_workspace_pool
     registry.register(VERIFY_TARGET, verify_tree_from_the_root_state, hook_type.AROUND)
-    registry.register(SCATTER_TARGET, commit_nodes_from_the_workspace, hook_type.AROUND)
+    registry.register(SCATTER_TARGET, commit_nodes_from_the_root_state, hook_type.AROUND)
     gdn_workspace_pool.register(registry, hook_type)

@@ -39,5 +39,5 @@ def test_real_shapes_match_sglangs_snapshot_tree_verify(bs, T, shape):
                            torch.arange(bs, device="cuda"), K**-0.5)  # fmt: skip
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
     last = torch.randint(0, T, (bs,), generator=g).cuda()
-    gdn_tree_commit(pool[None], workspace[None], slots, last, T)
+    gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots)
     torch.testing.assert_close(pool[slots], snapshots[torch.arange(bs, device="cuda"), last], rtol=1e-3, atol=1e-3)
