@@ -116,8 +116,8 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
     pool.copy_(base)
 
     def ours_factor() -> torch.Tensor:  # the verify's first kernel alone: what the values do not enter
-        return build_factors(q, k, a, b, A_log, dt_bias, parents_d, workspace, torch.arange(bs, device=dev), HV, K,
-                             scale, 1.0, 20.0, T, DEFAULT_DOT_PRECISION)  # fmt: skip
+        return build_factors(q, k, a, b, A_log, dt_bias, parents_d, workspace, torch.arange(bs, device=dev), HV,
+                             v.shape[-1], scale, 1.0, 20.0, T, DEFAULT_DOT_PRECISION)  # fmt: skip
 
     def sglang_commit() -> None:
         pool[slots] = snapshots[torch.arange(bs, device=dev), last]

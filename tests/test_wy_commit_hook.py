@@ -16,7 +16,8 @@ from sglang_ddtree.tree.gdn_tree_reference import reference_gdn_tree_verify
 from test_gdn_tree_kernels import DEVICE, HV, K, TOLERANCE, V, bushy, deep_with_twigs, layer_inputs, verify
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(), reason="needs TRITON_INTERPRET=1 or a GPU"
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="needs TRITON_INTERPRET=1 or a GPU",
 )
 
 
@@ -34,8 +35,10 @@ def test_the_track_node_is_built_from_the_root_state_before_the_request_commits_
     pool[slots] = initial.to(DEVICE)
     _, workspace = verify(inputs, pool, slots, parents, T)  # SGLang's buffer shape: [requests, T, HV, V, K]
     conv_windows = [torch.full((1, bs + 2, T, 4, 3), 7.0, device=DEVICE)]
-    caches = MambaPool.SpeculativeState(conv=[torch.zeros(1, bs + 2, 4, 3, device=DEVICE)], temporal=pool[None],
-                                        intermediate_ssm=workspace[None], intermediate_conv_window=conv_windows)  # fmt: skip
+    caches = MambaPool.SpeculativeState(
+        conv=[torch.zeros(1, bs + 2, 4, 3, device=DEVICE)], temporal=pool[None], intermediate_ssm=workspace[None],
+        intermediate_conv_window=conv_windows,
+    )
     monkeypatch.setattr(hybrid_tree_verify, "serving_ddtree", lambda: True)
     monkeypatch.setattr(hybrid_tree_verify, "tree_capacity", lambda: T)
     left_to_sglang = []

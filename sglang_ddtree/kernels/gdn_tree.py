@@ -218,9 +218,11 @@ def _gdn_tree_factor_kernel(
         for d in range(2, tl.max(depth, 0) + 1):
             level = unit - tl.dot(a_block, inverse, input_precision=DOT)
             inverse = tl.where((depth == d)[:, None], level, inverse)
-        tl.debug_barrier()  # every thread's loads of this block's A rows are done
+        if BR != NP:
+            tl.debug_barrier()  # every thread's loads of this block's A rows are done
         tl.store(square + rows[:, None] * NP, inverse)
-        tl.debug_barrier()
+        if BR != NP:
+            tl.debug_barrier()  # the next block reads these rows
 
 
 @triton.jit

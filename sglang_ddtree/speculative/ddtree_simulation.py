@@ -20,8 +20,9 @@ one draw per request per verify. ``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH=W:MEAN,..
 verify's width (nodes, root included; linear between the given widths, from 1 token at width 1, the last mean
 past the widest), so that ``--budget auto`` meets a wider tree that commits more at a higher cost and its choice
 can be measured on random weights; its policy then learns each width from that width's own verifies only (a
-length drawn for one width says nothing of a narrower prefix, which a real accepted path does). SGLang calls the helper only while ``SGLANG_SIMULATE_ACC_LEN`` is positive, so
-that stays set (to the histogram's mean, for the other algorithms of a comparison).
+length drawn for one width says nothing of a narrower prefix, which a real accepted path does). SGLang calls the
+helper only while ``SGLANG_SIMULATE_ACC_LEN`` is positive, so that stays set (to the histogram's mean, for the
+other algorithms of a comparison).
 """
 
 from __future__ import annotations

@@ -83,9 +83,11 @@ def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispa
     return out.view_as(v)
 
 
-def commit_nodes_from_the_root_state(original: Callable[..., None], mamba_caches: Any, state_indices: torch.Tensor,
-                                     last_correct_step_indices: torch.Tensor, mamba_track_indices: Optional[torch.Tensor],
-                                     mamba_steps_to_track: Optional[torch.Tensor]) -> None:  # fmt: skip
+def commit_nodes_from_the_root_state(
+    original: Callable[..., None], mamba_caches: Any, state_indices: torch.Tensor,
+    last_correct_step_indices: torch.Tensor, mamba_track_indices: Optional[torch.Tensor],
+    mamba_steps_to_track: Optional[torch.Tensor],
+) -> None:
     """AROUND ``scatter_mamba_states_after_mtp_verify`` (SGLang's commit after a verify: each request's accepted
     node into its slot, a prefix-cache track node into its track slot; SSM states, then conv windows). The SSM
     states are built from the root state in the request's slot and the workspace, the track node's first: the
