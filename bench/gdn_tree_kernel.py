@@ -1,12 +1,14 @@
 """One GDN layer's tree verify + commit at Qwen3.6-27B's shape: SGLang 0.5.17's snapshot path against
-``kernels/gdn_tree.py`` (issue 17), on one GPU.
+``kernels/gdn_tree.py`` and ``kernels/gdn_tree_conv.py`` (issue 17), on one GPU.
 
 SGLang: ``fused_sigmoid_gating_delta_rule_update`` with ``retrieve_parent_token`` writes every node's fp32 state
 into an intermediate buffer; its commit copies the last accepted node's state into the pool. Ours: the WY-form
 verify from the root state (its factor kernel also timed alone: the part the values do not enter), then the
-commit builds the accepted path's state. Per (bs, T), median of
-``triton.testing.do_bench``; the per-request scratch each needs; and the largest differences between the two
-(outputs, committed states) on the same bf16 inputs and fp32 states.
+commit builds the accepted path's state. The conv before it likewise: SGLang's ``causal_conv1d_update`` with the
+tree's links writes every node's bf16 window, its commit copies one; ours writes every node's input and its
+commit assembles the accepted node's window. Per (bs, T), median of ``triton.testing.do_bench``; the per-request
+scratch each needs; and the largest differences between the two (outputs, committed states and windows) on the
+same bf16 inputs and fp32 states.
 
     python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel [--launch-configs 32x4,64x8,32x8:tf32x3]
 
@@ -30,7 +32,8 @@ import triton.testing
 from triton.runtime.errors import OutOfResources
 
 from bench.provenance import checkout_commit, write_report
-from sglang_ddtree.tree.gdn_tree_reference import random_parents
+from sglang_ddtree.tree.gdn_tree_reference import random_parents, tree_links
+from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv, gdn_tree_conv_commit
 from sglang_ddtree.kernels.gdn_tree import (
     DEFAULT_DOT_PRECISION,
     DOT_PRECISIONS,
@@ -40,7 +43,7 @@ from sglang_ddtree.kernels.gdn_tree import (
     workspace_numel,
 )
 
-KEY_HEADS, VALUE_HEADS, HEAD_DIM = 16, 48, 128
+KEY_HEADS, VALUE_HEADS, HEAD_DIM, CONV_WIDTH = 16, 48, 128, 4
 DDTREE_MAX_DEPTH = 15  # levels below the root of a tree drafted from a block of 16 (z-lab's Qwen3.6 drafters)
 MIB = 1 << 20
 
@@ -154,13 +157,68 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
         }  # fmt: skip
     pool.copy_(base)
     return {
-        "bs": bs, "T": T, "tree": shape, "tp": tp,
+        "bs": bs, "T": T, "tree": shape, "tp": tp, "conv": measure_conv(bs, T, parents, tp),
         "ms": {n: round(t, 4) for n, t in times.items()},
         "launch_ms": swept,
         "scratch_mib_per_request": {"sglang": round(T * HV * K * K * 4 / MIB, 3),
                                     "ours": round(workspace_numel(T, HV, K, K) * 4 / MIB, 3)},  # fmt: skip
         "max_abs_diff": {"output": float((ours_out.float() - sglang_out.float()).abs().max()),
                          "committed_state": float((ours_state - sglang_state).abs().max())},  # fmt: skip
+    }  # fmt: skip
+
+
+def measure_conv(bs: int, T: int, parents: torch.Tensor, tp: int) -> dict:
+    """The layer's conv over the same trees: SGLang's tree conv + window copy against ours + window assembly."""
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    dim = (2 * KEY_HEADS + VALUE_HEADS) * HEAD_DIM // tp  # over [q; k; v]
+    dev, W = "cuda", CONV_WIDTH
+    x = torch.randn(bs, T, dim, device=dev, dtype=torch.bfloat16).transpose(1, 2)  # SGLang's view of the tokens
+    weight = torch.randn(dim, W, device=dev, dtype=torch.bfloat16) * 0.5
+    slots = torch.arange(bs, device=dev, dtype=torch.int32) * 2
+    pool = torch.randn(2 * bs, dim, W - 1, device=dev, dtype=torch.bfloat16)
+    links = [tree_links(tree) for tree in parents.tolist()]
+    next_token, next_sibling = (torch.tensor([link[i] for link in links], device=dev) for i in (0, 1))
+    rows, last = torch.arange(bs, device=dev, dtype=torch.int32), torch.full((bs,), T - 1, device=dev)
+    windows = torch.empty(bs, T, dim, W - 1, device=dev, dtype=torch.bfloat16)
+    inputs = torch.empty(bs, T * dim, device=dev, dtype=torch.bfloat16)
+    sglang_parents, our_parents = (torch.empty(bs, T, device=dev, dtype=torch.int64) for _ in range(2))
+    base = pool.clone()
+
+    def sglang_conv() -> torch.Tensor:
+        return causal_conv1d_update(x, pool, weight, None, "silu", conv_state_indices=slots,
+                                    intermediate_conv_window=windows, intermediate_state_indices=rows,
+                                    retrieve_next_token=next_token, retrieve_next_sibling=next_sibling,
+                                    retrieve_parent_token=sglang_parents)  # fmt: skip
+
+    def sglang_commit() -> None:
+        pool[slots.long()] = windows[torch.arange(bs, device=dev), last]
+
+    def ours_conv() -> torch.Tensor:
+        return gdn_tree_conv(x, pool, weight, None, "silu", slots, next_token, next_sibling, our_parents, inputs,
+                             rows)  # fmt: skip
+
+    def ours_commit() -> None:
+        gdn_tree_conv_commit(pool[None], inputs[None], our_parents[None], slots, last, source_indices=slots)
+
+    sglang_out = sglang_conv()  # its verify also overwrites the root window, which its commit then replaces
+    sglang_commit()
+    sglang_window = pool[slots.long()].clone()
+    pool.copy_(base)
+    ours_out = ours_conv()
+    ours_commit()
+    ours_window = pool[slots.long()].clone()
+    times = {}
+    for name, fn in (("sglang_conv", sglang_conv), ("sglang_conv_commit", sglang_commit), ("ours_conv", ours_conv),
+                     ("ours_conv_commit", ours_commit)):  # fmt: skip
+        pool.copy_(base)
+        times[name] = round(triton.testing.do_bench(fn, return_mode="median"), 4)
+    return {
+        "ms": times,
+        "scratch_mib_per_request": {"sglang": round(T * dim * (W - 1) * 2 / MIB, 3),
+                                    "ours": round(T * dim * 2 / MIB, 3)},
+        "max_abs_diff": {"output": float((ours_out.float() - sglang_out.float()).abs().max()),
+                         "committed_window": float((ours_window.float() - sglang_window.float()).abs().max())},
     }  # fmt: skip
 
 
@@ -183,6 +241,18 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | {ms['sglang_verify']:.3f} | {ms['sglang_commit']:.3f} | "
                      f"{ms['ours_verify']:.3f} | {factor} | {ms['ours_commit']:.3f} | {theirs / ours:.2f}x | "
                      f"{mem['sglang']:.1f} / {mem['ours']:.2f} | {diff['output']:.2e} / {diff['committed_state']:.2e} |")
+    convs = [r for r in report["rows"] if "conv" in r]  # timed from 2026-12-05
+    if convs:
+        lines += ["", "The conv before it, ms (verify / commit; SGLang writes a window per node, ours an input):", "",
+                  "| tree | bs | T | SGLang conv | + commit | ours conv | + commit | ratio | scratch MiB / request "
+                  "SGLang / ours | max abs diff out / window |", "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        for r in convs:
+            ms, mem, diff = r["conv"]["ms"], r["conv"]["scratch_mib_per_request"], r["conv"]["max_abs_diff"]
+            theirs, ours = ms["sglang_conv"] + ms["sglang_conv_commit"], ms["ours_conv"] + ms["ours_conv_commit"]
+            lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | {ms['sglang_conv']:.3f} | "
+                         f"{ms['sglang_conv_commit']:.3f} | {ms['ours_conv']:.3f} | {ms['ours_conv_commit']:.3f} | "
+                         f"{theirs / ours:.2f}x | {mem['sglang']:.2f} / {mem['ours']:.2f} | "
+                         f"{diff['output']:.2e} / {diff['committed_window']:.2e} |")
     swept = [r for r in report["rows"] if r.get("launch_ms")]
     if swept:
         names = list(swept[0]["launch_ms"])

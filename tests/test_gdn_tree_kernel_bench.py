@@ -57,3 +57,18 @@ def test_bushy_trees_are_at_most_as_deep_as_a_block_of_16_drafts_and_chains_are_
             if depth(uncapped) < gdn_tree_kernel.DDTREE_MAX_DEPTH:  # no node the cap forbids as a parent
                 assert tree == uncapped
     assert gdn_tree_kernel.random_tree(5, "chain", torch.Generator()) == [-1, 0, 1, 2, 3]
+
+
+def test_the_report_gives_the_conv_its_own_table_when_the_rows_have_it():
+    row = {"bs": 8, "T": 33, "tree": "bushy", "tp": 1,
+           "ms": {"sglang_verify": 0.3, "sglang_commit": 0.08, "ours_verify": 0.28, "ours_commit": 0.08},
+           "scratch_mib_per_request": {"sglang": 99.0, "ours": 4.55},
+           "max_abs_diff": {"output": 1e-4, "committed_state": 1e-6},
+           "conv": {"ms": {"sglang_conv": 0.04, "sglang_conv_commit": 0.01, "ours_conv": 0.03, "ours_conv_commit": 0.02},
+                    "scratch_mib_per_request": {"sglang": 1.93, "ours": 0.64},
+                    "max_abs_diff": {"output": 7.8e-3, "committed_window": 0.0}}}  # fmt: skip
+    meta = {"date": "d", "commit": "c", "gpu": "g", "tp": 1}
+    text = gdn_tree_kernel.markdown({"meta": meta, "rows": [row]})
+    assert "| bushy | 8 | 33 | 0.040 | 0.010 | 0.030 | 0.020 | 1.00x | 1.93 / 0.64 | 7.80e-03 / 0.00e+00 |" in text
+    without = {k: v for k, v in row.items() if k != "conv"}  # a report from before the conv was timed
+    assert "The conv before it" not in gdn_tree_kernel.markdown({"meta": meta, "rows": [without]})

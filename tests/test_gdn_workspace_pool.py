@@ -1,7 +1,8 @@
-"""Under the snapshot-free GDN tree verify a request slot's per-node buffers hold the workspace's SSM states, not one
-state per tree node (``sglang_ddtree.speculative.gdn_workspace_pool``): how many states that is, what SGLang's memory
-sizing is made to reserve for it, and the pool SGLang builds with it. The served end of it (a DDTREE engine on a hybrid
-target, its buffer and reservation read from ``/server_info``, output equal to AR's) is in test_hybrid_cpu.py."""
+"""Under the snapshot-free GDN tree verify a request slot's per-node buffers hold the workspace's SSM states and one
+conv input per tree node, not one SSM state and one conv window per node
+(``sglang_ddtree.speculative.gdn_workspace_pool``): how many states that is, what SGLang's memory sizing is made
+to reserve for it, and the pool SGLang builds with it. The served end of it (a DDTREE engine on a hybrid target,
+its buffers and reservation read from ``/server_info``, output equal to AR's) is in test_hybrid_cpu.py."""
 
 from __future__ import annotations
 
@@ -46,23 +47,25 @@ def test_a_request_workspace_takes_the_fewest_whole_states_that_hold_it(nodes, H
 def test_sglangs_sizing_reserves_one_state_per_request_slot_at_qwen36_27b_not_33():
     """SGLang's sizing charges per-node buffers in whole nodes (``mamba_cache_per_req``: one conv window and one
     SSM state in every GDN layer) times N. With N replaced by the layout's size in that unit it reserves exactly
-    the layout: at TP 2, 33 conv windows and 1 SSM state per GDN layer, 118 MiB per request slot where the
-    per-node snapshots take 2.37 GiB (73.4 MiB per node)."""
+    the layout: at TP 2, 33 conv inputs (a third of a window each) and 1 SSM state per GDN layer, 87.5 MiB per
+    request slot where the per-node snapshots take 2.37 GiB (73.4 MiB per node)."""
     params = qwen36_27b_cache_params(tp=2)
     layout = WorkspaceLayout.of(params, nodes=33)
-    ssm_bytes, conv_bytes = 24 * 128 * 128 * 4, (2 * 16 + 48) * 128 // 2 * 3 * 2
-    assert (layout.ssm_slots, layout.ssm_bytes, layout.conv_bytes) == (1, ssm_bytes, conv_bytes)
+    ssm_bytes, conv_input_bytes = 24 * 128 * 128 * 4, (2 * 16 + 48) * 128 // 2 * 2
+    assert (layout.ssm_slots, layout.ssm_bytes, layout.conv_input_bytes) == (1, ssm_bytes, conv_input_bytes)
+    assert layout.conv_bytes == 3 * conv_input_bytes  # SGLang's window: the last 3 inputs
     node_bytes = params.mamba_cache_per_req
-    assert node_bytes == 48 * (ssm_bytes + conv_bytes) and round(node_bytes / MIB, 1) == 73.4
+    assert node_bytes == 48 * (ssm_bytes + layout.conv_bytes) and round(node_bytes / MIB, 1) == 73.4
     reserved = round(node_bytes * layout.reserved_node_states)
-    assert reserved == 48 * (33 * conv_bytes + ssm_bytes) and round(reserved / MIB) == 118
-    assert node_bytes * 33 - reserved == 48 * 32 * ssm_bytes  # 2304 MiB per request slot back to the KV cache
+    assert reserved == 48 * (33 * conv_input_bytes + ssm_bytes) and round(reserved / MIB, 1) == 87.5
+    assert node_bytes * 33 - reserved == 48 * (32 * ssm_bytes + 33 * 2 * conv_input_bytes)  # back to the KV cache
 
 
-def test_the_planned_pool_holds_the_workspace_states_and_a_conv_window_per_node(monkeypatch):
-    """``MambaPool`` built through the hook under a plan for 9-node trees: the same persistent states and per-node
-    conv windows as SGLang's own pool for 9 nodes, but 1 SSM state per request slot where SGLang's has 9 (CPU
-    device: the CPU-CI shim sends the pool's hard-coded CUDA buffers to the pool's device)."""
+def test_the_planned_pool_holds_the_workspace_states_and_a_conv_input_per_node(monkeypatch):
+    """``MambaPool`` built through the hook under a plan for 9-node trees: the same persistent states as SGLang's
+    own pool for 9 nodes, but 1 SSM state per request slot where SGLang's has 9, and 9 conv inputs where SGLang's
+    has 9 windows of 3 (CPU device: the CPU-CI shim sends the pool's hard-coded CUDA buffers to the pool's
+    device)."""
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=1, head_dim=32,
@@ -74,13 +77,32 @@ def test_the_planned_pool_holds_the_workspace_states_and_a_conv_window_per_node(
     sglangs = MambaPool(**kwargs).mamba_cache
     monkeypatch.setattr(gdn_workspace_pool, "_planned", WorkspaceLayout.of(params, nodes=9))
     monkeypatch.setattr(gdn_workspace_pool, "_report", {})
+    monkeypatch.setattr(gdn_workspace_pool, "_allocated", None)
     pool = MambaPool.__new__(MambaPool)
     allocate_the_workspace_not_node_states(MambaPool.__init__, pool, **kwargs)
     ours = pool.mamba_cache
     assert ours.intermediate_ssm.shape == (2, 4, 1, 1, 32, 32) and sglangs.intermediate_ssm.shape[2] == 9
-    for name in ("conv", "intermediate_conv_window"):
-        assert [t.shape for t in getattr(ours, name)] == [t.shape for t in getattr(sglangs, name)]
+    assert [t.shape for t in sglangs.intermediate_conv_window] == [(2, 4, 9, 96, 3)]
+    assert [t.shape for t in ours.intermediate_conv_window] == [(2, 4, 9, 96)]
+    assert [t.shape for t in ours.conv] == [t.shape for t in sglangs.conv]
     assert ours.temporal.shape == sglangs.temporal.shape
+    assert gdn_workspace_pool.conv_inputs_in_place()
     per_request = gdn_workspace_pool.workspace_pool_report()
     assert per_request["ssm_slots_per_request"] == 1
-    assert per_request["bytes_per_request"] == 2 * (9 * 96 * 3 + 32 * 32) * 4
+    assert per_request["bytes_per_request"] == 2 * (9 * 96 + 32 * 32) * 4
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_launchers_estimate_from_config_json_is_what_the_sizing_reserves(tp):
+    """The launcher sizes ``--max-running-requests`` from ``config.json`` alone (``hybrid_targets``, no SGLang
+    import); at Qwen3.6-27B's shape and N = 33 its per-slot figure for the WY verify is the pool's layout: 174.9 MiB
+    per request slot at TP 1, 87.5 at TP 2."""
+    from sglang_ddtree.speculative.hybrid_targets import gdn_state_size
+
+    config = {"num_hidden_layers": 64, "full_attention_interval": 4, "linear_num_value_heads": 48,
+              "linear_num_key_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+              "linear_conv_kernel_dim": 4}  # fmt: skip
+    params = qwen36_27b_cache_params(tp=tp)
+    reserved = round(params.mamba_cache_per_req * WorkspaceLayout.of(params, nodes=33).reserved_node_states)
+    estimate = gdn_state_size(config, tp).verify_scratch_bytes(33, running_requests=0, snapshot_free=True)
+    assert estimate == reserved and round(reserved / MIB, 1) == {1: 174.9, 2: 87.5}[tp]

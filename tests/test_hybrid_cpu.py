@@ -42,6 +42,7 @@ GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 # engine: the interpreted kernels are single-threaded Python, and two engines share CI's two cores.
 EXACT_ENV = {"SGLANG_MAMBA_CONV_DTYPE": "float32", "OMP_NUM_THREADS": "1"}
 GDN_LAYERS, GDN_STATE_BYTES = 4, 1 * 32 * 32 * 4  # CPU_SHAPE's (2 in every 3 layers; one float32 head of dim 32)
+GDN_CONV_INPUT_BYTES = 3 * 32 * 4  # one token's q, k and v (one head of dim 32 each), float32; a window is 3 of them
 
 
 @pytest.fixture(scope="module")
@@ -125,9 +126,10 @@ SHARES_THE_B8_RUN = pytest.mark.xdist_group("hybrid_ddtree_b8")
 def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs, ddtree_reports, budget, gdn_verify,
                                                              verify):  # fmt: skip
     """``gdn_verify``: SGLang's per-node snapshot tree verify, or the snapshot-free one from the root state
-    (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py``), whose use the server reports, with its per-request
-    SSM buffer cut to the workspace's states (2 for the budget-8 tree, not 9) and SGLang's memory sizing reserving
-    just that: the states of the 7 other nodes go back to the KV cache. ``verify``: the package's greedy one (the
+    (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py`` and ``gdn_tree_conv.py``), whose use the server
+    reports, with its per-request SSM buffer cut to the workspace's states (2 for the budget-8 tree, not 9), its
+    conv windows to one input per node, and SGLang's memory sizing reserving just that: the states of the 7 other
+    nodes and two thirds of the windows go back to the KV cache. ``verify``: the package's greedy one (the
     default), which commits the GDN states of the path its own kernel accepts, or SGLang's EAGLE tree verification
     (``SGLANG_DDTREE_LEAN_VERIFY=0``)."""
     report = ddtree_reports(budget, gdn_verify, verify)
@@ -138,12 +140,12 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert state["speculative_num_draft_tokens"] == budget + 1
     if gdn_verify == "wy":
         used = state["ddtree_gdn_wy_verify"]
-        assert used["layer_verifies"] > 0 and used["commits"] > 0, used
+        assert used["layer_verifies"] > 0 and used["layer_convs"] > 0 and used["commits"] > 0, used
         buffers = used["intermediate_buffers"]  # per request slot
         nodes, slots = budget + 1, workspace_slots(budget + 1, HV=1, K=32, V=32)
         assert (buffers["tree_nodes"], buffers["ssm_slots_per_request"]) == (nodes, slots) and slots < nodes
         assert buffers["reserved_bytes_per_request"] == buffers["bytes_per_request"]
-        saved = GDN_LAYERS * (nodes - slots) * GDN_STATE_BYTES
+        saved = GDN_LAYERS * ((nodes - slots) * GDN_STATE_BYTES + nodes * 2 * GDN_CONV_INPUT_BYTES)
         assert buffers["snapshot_bytes_per_request"] - buffers["bytes_per_request"] == saved, buffers
     else:
         assert "ddtree_gdn_wy_verify" not in state
@@ -183,7 +185,7 @@ def test_budget_auto_changes_the_gdn_verify_width_step_to_step_and_stays_exact(
     assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0, steps
     if gdn_verify == "wy":
         used = state["ddtree_gdn_wy_verify"]
-        assert used["layer_verifies"] > 0 and used["commits"] > 0, used
+        assert used["layer_verifies"] > 0 and used["layer_convs"] > 0 and used["commits"] > 0, used
         assert used["intermediate_buffers"]["tree_nodes"] == widest, used
 
 
@@ -226,7 +228,7 @@ def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_
     assert report["sequential"]["output_ids"] == expected
     if gdn_verify == "wy":
         used = report["scheduler_states"][0]["ddtree_gdn_wy_verify"]
-        assert used["layer_verifies"] > 0 and used["commits"] > 0, used
+        assert used["layer_verifies"] > 0 and used["layer_convs"] > 0 and used["commits"] > 0, used
     check = report["scheduler_states"][0]["ddtree_tp_tree_check"]
     assert check["ranks"] == 2 and check["trees"] > 0 and check["disagreements"] == 0
     assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0

@@ -133,6 +133,7 @@ def launches() -> list[dict]:
     every kernel (and each switch the package sets) once."""
     from triton.runtime.interpreter import InterpretedFunction
 
+    import test_gdn_tree_conv as conv
     import test_gdn_tree_kernels as gdn
     import test_tree_accept as accept
     import test_tree_kernels as tree
@@ -158,6 +159,7 @@ def launches() -> list[dict]:
         packed.test_a_request_sees_its_whole_prefix_and_exactly_its_ancestors()
         gdn.test_commit_of_the_root_alone_is_one_recurrence_step()
         gdn.test_every_launch_of_the_sweep_computes_the_same(16, 4, "ieee")  # the default is three-pass TF32
+        conv.test_a_commit_leaves_the_window_its_path_ends_with_the_track_node_first()
         accept.test_the_kernel_accepts_the_path_sglangs_sibling_walk_accepts(bs=4, depth=15, vocab=1000, budget=64)
         accept.test_under_the_simulation_the_first_child_chain_is_committed_up_to_the_drawn_length(per_request=False)
         accept.test_under_the_simulation_the_first_child_chain_is_committed_up_to_the_drawn_length(per_request=True)

@@ -1,8 +1,9 @@
 """The snapshot-free verify's commit as SGLang calls it (``scatter_mamba_states_after_mtp_verify``, AROUND-hooked in
-``hybrid_tree_verify``): the root state stays in the request's slot, so a prefix-cache track node's state is built
-first, from that root state, and the request's accepted node's then replaces it; the conv windows are left to
-SGLang's scatter, which gets no SSM states to copy. (On the CPU engine SGLang has no prefix-cache track slots for
-GDN states, so a server never takes the track branch here; the GPU suite's ``ddtree_wy_radix`` does.)"""
+``hybrid_tree_verify``): the root state and conv window stay in the request's slot, so a prefix-cache track node's
+are built first, from them, and the request's accepted node's then replace them. With the package's pool (one conv
+input per node) the windows are built too and SGLang's scatter is not called; with SGLang's windows it is left to
+copy them, and gets no SSM states. (On the CPU engine SGLang has no prefix-cache track slots for GDN states, so a
+server never takes the track branch here; the GPU suite's ``ddtree_wy_radix`` does.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import os
 import pytest
 import torch
 
-from sglang_ddtree.speculative import hybrid_tree_verify
-from sglang_ddtree.tree.gdn_tree_reference import reference_gdn_tree_verify
+from sglang_ddtree.speculative import gdn_workspace_pool, hybrid_tree_verify
+from sglang_ddtree.tree.gdn_tree_reference import reference_gdn_tree_verify, reference_tree_conv
+from test_gdn_tree_conv import Trees
 from test_gdn_tree_kernels import DEVICE, HV, K, TOLERANCE, V, bushy, deep_with_twigs, layer_inputs, verify
 
 pytestmark = pytest.mark.skipif(
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_the_track_node_is_built_from_the_root_state_before_the_request_commits_over_it(monkeypatch):
+    """SGLang's pool (conv windows per node): the SSM states are ours, the windows SGLang's scatter's."""
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
     parents = torch.tensor([bushy(9, seed=4), deep_with_twigs(9)])
@@ -56,3 +59,45 @@ def test_the_track_node_is_built_from_the_root_state_before_the_request_commits_
     [(mamba_caches, args)] = left_to_sglang
     assert mamba_caches.temporal.numel() == 0 and mamba_caches.intermediate_conv_window is conv_windows
     assert [a is b for a, b in zip(args, (slots, last, track, track_nodes))] == [True] * 4
+
+
+def test_with_the_packages_pool_the_windows_are_built_from_the_inputs_and_sglang_is_not_called(monkeypatch):
+    from sglang.srt.mem_cache.memory_pool import MambaPool
+
+    trees = [bushy(9, seed=4), deep_with_twigs(9)]
+    parents = torch.tensor(trees)
+    bs, T = parents.shape
+    inputs = layer_inputs(bs, T, seed=4, gating="mixed")
+    initial = torch.randn(bs, HV, V, K, generator=torch.Generator().manual_seed(5))
+    _, want_states = reference_gdn_tree_verify(**inputs, initial_states=initial, parents=parents, scale=K**-0.5)
+    conv = Trees(trees, seed=6)  # the requests' windows in slots 1 and 3 of 6
+    _, _, conv_inputs = conv.convolve()
+    _, want_windows = reference_tree_conv(conv.x.cpu(), conv.pool[conv.slots.long()].cpu(), conv.weight.cpu(),
+                                          conv.bias.cpu(), parents)  # fmt: skip
+    pool = torch.zeros(conv.pool.shape[0], HV, V, K, device=DEVICE)
+    slots = conv.slots
+    pool[slots.long()] = initial.to(DEVICE)
+    _, workspace = verify(inputs, pool, slots, parents, T)  # also leaves the parents where the conv commit reads them
+    before = conv.pool.clone()
+    caches = MambaPool.SpeculativeState(
+        conv=[conv.pool[None]], temporal=pool[None], intermediate_ssm=workspace[None],
+        intermediate_conv_window=[conv_inputs.view(1, bs, T, -1)],
+    )
+    monkeypatch.setattr(hybrid_tree_verify, "serving_ddtree", lambda: True)
+    monkeypatch.setattr(hybrid_tree_verify, "tree_capacity", lambda: T)
+    monkeypatch.setattr(gdn_workspace_pool, "_allocated", object())
+
+    def sglangs_scatter(*args):
+        raise AssertionError("SGLang's scatter would read conv inputs as windows")
+
+    last, track, track_nodes = (torch.tensor(v, device=DEVICE) for v in ([6, 8], [0, -1], [2, -1]))
+    hybrid_tree_verify.commit_nodes_from_the_root_state(sglangs_scatter, caches, slots, last, track, track_nodes)
+
+    windows, states = conv.pool.cpu(), pool.cpu()
+    for n, (slot, node) in enumerate(zip(slots.tolist(), last.tolist())):
+        torch.testing.assert_close(windows[slot], want_windows[n, node], rtol=0, atol=0)
+        torch.testing.assert_close(states[slot], want_states[n, node], **TOLERANCE)
+    torch.testing.assert_close(windows[0], want_windows[0, 2], rtol=0, atol=0)  # from the root's, not the new one
+    torch.testing.assert_close(states[0], want_states[0, 2], **TOLERANCE)
+    for nobodys in (2, 4, 5):
+        assert torch.equal(windows[nobodys], before[nobodys].cpu()) and states[nobodys].abs().max() == 0

@@ -4,10 +4,16 @@ kernels lay it out, the server's buffer (``gdn_workspace_pool``) and the launche
 from __future__ import annotations
 
 
+def parents_offset(T: int, HV: int, K: int, V: int) -> int:
+    """Where a workspace's parents start (per node u, G and the unit key per value head come before them): the
+    tree conv's commit reads them there (``gdn_tree_conv``)."""
+    return T * HV * (V + 1 + K)
+
+
 def workspace_numel(T: int, HV: int, K: int, V: int) -> int:
     """float32 elements of one request's workspace: per node u, G, the unit key (per value head) and the parent.
     The root state stays in the pool, where the commit reads it."""
-    return T * HV * (V + 1 + K) + T
+    return parents_offset(T, HV, K, V) + T
 
 
 def workspace_slots(nodes: int, HV: int, K: int, V: int) -> int:

@@ -1,24 +1,26 @@
-"""The snapshot-free GDN tree verify's per-request buffer: its workspace's state slots, not one state per tree node
-(``SGLANG_DDTREE_GDN_WY_VERIFY=1``).
+"""The snapshot-free GDN tree verify's per-request buffers: its workspace's state slots and one conv input per tree
+node, not an SSM state and a conv window per node (``SGLANG_DDTREE_GDN_WY_VERIFY=1``).
 
 For the tree verify of a hybrid GDN target SGLang 0.5.17 gives every request slot, in every GDN layer, N SSM
 states (``MambaPool``'s ``intermediate_ssm``, ``[layers, max_running_requests + 1, N, HV, V, K]``, N =
-``max_speculative_num_draft_tokens``) and N conv windows, and its memory sizing
-(``KVCacheConfigurator._handle_max_mamba_cache``) sets aside N x (conv window + SSM state) per request and layer
-for them. The snapshot-free verify (``hybrid_tree_verify``) writes only ``workspace_numel(N, HV, K, V)`` floats of
-that SSM buffer per request and layer: 0.52 states' worth (1 slot) at Qwen3.6-27B's heads and N = 33, where SGLang
-keeps 33 (72 MiB per node over its 48 GDN layers at TP 2: 2.3 GiB per request slot). Two AROUND hooks, on the
-target:
+``max_speculative_num_draft_tokens``) and N conv windows (``intermediate_conv_window``, ``[layers, slots + 1, N,
+dim, W - 1]``), and its memory sizing (``KVCacheConfigurator._handle_max_mamba_cache``) sets aside N x (conv window
++ SSM state) per request and layer for them. The snapshot-free verify (``hybrid_tree_verify``) writes only
+``workspace_numel(N, HV, K, V)`` floats of that SSM buffer per request and layer: 0.52 states' worth (1 slot) at
+Qwen3.6-27B's heads and N = 33, where SGLang keeps 33 (72 MiB per node over its 48 GDN layers at TP 2: 2.3 GiB per
+request slot); and its tree conv (``gdn_tree_conv``) one ``[dim]`` input per node where SGLang writes a ``[dim, W -
+1]`` window (a third: 10 KiB instead of 30 per node and GDN layer at TP 2). Two AROUND hooks, on the target:
 
 - the sizing runs SGLang's own solve with N replaced by the layout's size in the unit SGLang charges (one node's
-  conv windows + SSM state: :attr:`WorkspaceLayout.reserved_node_states`), so the memory the per-node states no
+  conv window + SSM state: :attr:`WorkspaceLayout.reserved_node_states`), so the memory the per-node states no
   longer take goes where that solve puts memory: the KV cache, and more mamba slots where it sizes those;
-- the pool is built with the workspace's slots as its draft-token count, then the conv windows get their N back
-  (SGLang's tree conv still writes one per node: 60 KiB per GDN layer at Qwen3.6-27B's shape, TP 1).
+- the pool is built with the workspace's slots as its draft-token count, then its conv windows are replaced by one
+  input per node, ``[layers, slots + 1, N, dim]``, in the same list (``intermediate_conv_window``), which only the
+  package's tree conv and commit read (:func:`conv_inputs_in_place`).
 
 Only for a DDTREE server's GDN hybrid target with float32 SSM states (the WY verify's requirement; with others the
-verify and this buffer stay SGLang's, said once in the log) in SGLang's ``MambaPool`` (``--enable-unified-memory``
-builds its own pool: that buffer keeps N states, which the verify serves as well).
+verify and these buffers stay SGLang's, said once in the log) in SGLang's ``MambaPool`` (``--enable-unified-memory``
+builds its own pool: its buffers keep N states and N windows, which the WY verify and SGLang's tree conv serve).
 """
 
 from __future__ import annotations
@@ -42,33 +44,39 @@ _MIB = 1 << 20
 
 @dataclass(frozen=True)
 class WorkspaceLayout:
-    """One request's per-node buffers in one GDN layer under the WY verify: ``nodes`` conv windows (``conv_bytes``
-    each, all the layer's conv states) and ``ssm_slots`` SSM states (``ssm_bytes`` each), where SGLang has
-    ``nodes`` of both."""
+    """One request's per-node buffers in one GDN layer under the WY verify: ``nodes`` conv inputs
+    (``conv_input_bytes`` each, one token of all the layer's conv states) and ``ssm_slots`` SSM states
+    (``ssm_bytes`` each), where SGLang has ``nodes`` conv windows (``conv_bytes`` each) and ``nodes`` SSM states."""
 
     nodes: int
     ssm_slots: int
     conv_bytes: int
+    conv_input_bytes: int
     ssm_bytes: int
 
     @classmethod
     def of(cls, cache_params: Any, nodes: int) -> WorkspaceLayout:
         """The layout for SGLang's ``BaseLinearStateParams`` of a GDN model (``shape.temporal`` = HV, V, K)."""
         HV, V, K = cache_params.shape.temporal
-        conv_numel = sum(math.prod(shape) for shape in cache_params.shape.conv)
+        conv_itemsize = cache_params.dtype.conv.itemsize
+        conv_shapes = cache_params.shape.conv  # GDN's: [(dim, W - 1)], the window along the last axis
         return cls(nodes=nodes, ssm_slots=workspace_slots(nodes, HV, K, V),
-                   conv_bytes=conv_numel * cache_params.dtype.conv.itemsize,
+                   conv_bytes=sum(math.prod(shape) for shape in conv_shapes) * conv_itemsize,
+                   conv_input_bytes=sum(math.prod(shape[:-1]) for shape in conv_shapes) * conv_itemsize,
                    ssm_bytes=HV * V * K * cache_params.dtype.temporal.itemsize)  # fmt: skip
 
     @property
     def reserved_node_states(self) -> float:
         """The layout's bytes in the unit SGLang's sizing charges per-node buffers in (N per request): one node's
-        conv windows + SSM state. A fraction, which SGLang's solve takes as its N unchanged."""
-        return (self.nodes * self.conv_bytes + self.ssm_slots * self.ssm_bytes) / (self.conv_bytes + self.ssm_bytes)
+        conv window + SSM state. A fraction, which SGLang's solve takes as its N unchanged."""
+        reserved = self.nodes * self.conv_input_bytes + self.ssm_slots * self.ssm_bytes
+        return reserved / (self.conv_bytes + self.ssm_bytes)
 
 
-# What the last sizing planned (for the pool SGLang builds right after it, in the same process), and its report.
+# What the last sizing planned (for the pool SGLang builds right after it, in the same process), the pool built to
+# it, and its report.
 _planned: Optional[WorkspaceLayout] = None
+_allocated: Optional[WorkspaceLayout] = None
 _report: dict[str, int] = {}
 
 
@@ -106,12 +114,15 @@ def reserve_the_workspace_not_node_states(original: Callable[..., float], config
 def allocate_the_workspace_not_node_states(original: Callable[..., None], pool: Any, *args: Any,
                                            speculative_num_draft_tokens: Optional[int] = None,
                                            **kwargs: Any) -> None:  # fmt: skip
-    """AROUND ``MambaPool.__init__``: the pool the sizing planned, ``ssm_slots`` SSM states per request."""
+    """AROUND ``MambaPool.__init__``: the pool the sizing planned, ``ssm_slots`` SSM states and ``nodes`` conv
+    inputs per request."""
+    global _allocated
     layout = _planned
     if layout is None or speculative_num_draft_tokens != layout.nodes:
         return original(pool, *args, speculative_num_draft_tokens=speculative_num_draft_tokens, **kwargs)
     original(pool, *args, speculative_num_draft_tokens=layout.ssm_slots, **kwargs)
-    _give_every_node_its_conv_windows(pool, layout.nodes)
+    _give_every_node_its_conv_input(pool, layout.nodes)
+    _allocated = layout
     cache = pool.mamba_cache
     per_request = [cache.intermediate_ssm[:, 0], *(window[:, 0] for window in cache.intermediate_conv_window)]
     _report.update(ssm_slots_per_request=cache.intermediate_ssm.shape[2],
@@ -122,19 +133,26 @@ def allocate_the_workspace_not_node_states(original: Callable[..., None], pool: 
     return None
 
 
-def _give_every_node_its_conv_windows(pool: Any, nodes: int) -> None:
-    """The pool's conv windows, built for ``ssm_slots`` nodes, rebuilt for ``nodes`` in SGLang's dense tree layout
-    (``[layers, slots + 1, nodes, *conv_shape]``; trees, topk > 1, never get the deduplicated one)."""
+def _give_every_node_its_conv_input(pool: Any, nodes: int) -> None:
+    """The pool's conv windows (SGLang's dense tree layout, ``[layers, slots + 1, ssm_slots, dim, W - 1]``: trees,
+    topk > 1, never get the deduplicated one) replaced by ``[layers, slots + 1, nodes, dim]``, one input per node
+    (``gdn_tree_conv``'s rows)."""
     from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
     from sglang.srt.mem_cache.memory_pool import GB
 
     cache = pool.mamba_cache
     with pool.memory_saver_adapter.region(GPU_MEMORY_TYPE_KV_CACHE):
-        windows = [torch.zeros((*w.shape[:2], nodes, *w.shape[3:]), dtype=w.dtype, device=w.device)
-                   for w in cache.intermediate_conv_window]  # fmt: skip
-    pool.mamba_cache = dataclasses.replace(cache, intermediate_conv_window=windows)
-    pool._intermediate_conv_window_phys = windows  # SGLang's record of the physical windows (drops the narrow ones)
+        inputs = [torch.zeros((*w.shape[:2], nodes, *w.shape[3:-1]), dtype=w.dtype, device=w.device)
+                  for w in cache.intermediate_conv_window]  # fmt: skip
+    pool.mamba_cache = dataclasses.replace(cache, intermediate_conv_window=inputs)
+    pool._intermediate_conv_window_phys = inputs  # SGLang's record of the physical buffers (drops the windows)
     pool.mem_usage = pool.mamba_cache.mem_usage_bytes() / GB
+
+
+def conv_inputs_in_place() -> bool:
+    """Whether this process's pool holds one conv input per node instead of a window (then SGLang's tree conv and
+    its commit of windows must not run on it: ``hybrid_tree_verify`` puts the package's in their place)."""
+    return _allocated is not None
 
 
 def workspace_pool_report() -> Optional[dict[str, int]]:

@@ -8,8 +8,8 @@ SSM dtype and, for trees, dense ``intermediate_conv_window`` ``[gdn_layers, slot
 in the conv dtype), then copies the last accepted node's state into the request's own. That scratch is reserved for
 every running request at the full verify width N, so it, not the KV cache, caps a DDTree server's concurrency on a
 large hybrid model: Qwen3.6-27B at TP=2 needs ~73 MiB per node per request slot (fp32 SSM state); DDTREE's
-snapshot-free verify (``SGLANG_DDTREE_GDN_WY_VERIFY=1``) needs every node's conv window but only a workspace of a
-few SSM states (``gdn_workspace_pool``).
+snapshot-free verify (``SGLANG_DDTREE_GDN_WY_VERIFY=1``) needs every node's conv input (a third of a window) but
+only a workspace of a few SSM states (``gdn_workspace_pool``).
 
 The sizes here are computed from ``config.json`` alone, without importing SGLang, so the launcher can refuse (or
 size) a configuration in a second instead of failing after the weights load.
@@ -38,6 +38,7 @@ class GdnStateSize:
     gdn_layers: int
     ssm_bytes: int  # HV/tp x K x V in the SSM dtype
     conv_window_bytes: int  # conv_dim/tp x (kernel - 1) in the conv dtype
+    conv_input_bytes: int  # conv_dim/tp in the conv dtype: one token of the window
     ssm_heads: tuple[int, int, int]  # HV/tp, K, V
     ssm_float32: bool
 
@@ -49,11 +50,11 @@ class GdnStateSize:
     def verify_scratch_bytes(self, verify_width: int, running_requests: int, snapshot_free: bool = False) -> int:
         """The per-node verify scratch: ``running_requests + 1`` slots (one is padding) of ``verify_width`` nodes
         each; ``snapshot_free`` (DDTREE's WY verify on float32 states, ``gdn_workspace_pool``): every node's conv
-        window but only the workspace's SSM states."""
-        ssm_states = verify_width
+        input but only the workspace's SSM states."""
+        per_request = verify_width * (self.conv_window_bytes + self.ssm_bytes)
         if snapshot_free and self.ssm_float32:
             ssm_states = min(verify_width, workspace_slots(verify_width, *self.ssm_heads))
-        per_request = verify_width * self.conv_window_bytes + ssm_states * self.ssm_bytes
+            per_request = verify_width * self.conv_input_bytes + ssm_states * self.ssm_bytes
         return (running_requests + 1) * self.gdn_layers * per_request
 
 
@@ -99,6 +100,7 @@ def gdn_state_size(config: dict[str, Any], tp_size: int, ssm_dtype: Optional[str
         gdn_layers=gdn_layer_count(config),
         ssm_bytes=value_heads // tp_size * key_dim * value_dim * DTYPE_BYTES[state_dtype],
         conv_window_bytes=conv_dim // tp_size * (kernel - 1) * DTYPE_BYTES[conv_state_dtype()],
+        conv_input_bytes=conv_dim // tp_size * DTYPE_BYTES[conv_state_dtype()],
         ssm_heads=(value_heads // tp_size, key_dim, value_dim),
         ssm_float32=state_dtype == "float32",
     )

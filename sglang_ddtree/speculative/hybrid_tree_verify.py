@@ -1,16 +1,19 @@
 """DDTREE's snapshot-free tree verify through Gated DeltaNet layers (``SGLANG_DDTREE_GDN_WY_VERIFY=1``, opt-in until
 the GPU suite has run it under sampling and with the prefix cache: issue 17).
 
-SGLang 0.5.17 verifies a tree through a GDN layer node by node (``GDNKernelDispatcher.target_verify`` with
-``retrieve_parent_token``), writing every node's state into the layer's ``intermediate_ssm`` buffer, and commits
-by copying the accepted node's (and a prefix-cache track node's) snapshot into the pool
-(``scatter_mamba_states_after_mtp_verify``). Two AROUND hooks put ``kernels/gdn_tree.py`` in their place on a
-DDTREE server: the verify computes every node's output from the root state and leaves the commit data in the
-request's row of that same buffer, and the commit builds the requested nodes' states from it and the root state,
-which stays in the request's slot until the request's own commit replaces it. That row holds only the workspace's
-states, not N (``gdn_workspace_pool``). The conv windows keep SGLang's per-node path (60 KiB per node and GDN
-layer at Qwen3.6-27B's shape). A float32 state buffer is required (the commit data are float32); with
-``--mamba-ssm-dtype bfloat16`` both hooks (and the buffer's size) leave SGLang's path in place and say so once.
+SGLang 0.5.17 verifies a tree through a GDN layer node by node: its conv (``causal_conv1d_update`` with
+``retrieve_next_token / sibling``) writes every node's conv window to the layer's ``intermediate_conv_window``
+buffer, its recurrence (``GDNKernelDispatcher.target_verify`` with ``retrieve_parent_token``) every node's state to
+``intermediate_ssm``, and the commit copies the accepted node's (and a prefix-cache track node's) window and state
+into the pool (``scatter_mamba_states_after_mtp_verify``). Three AROUND hooks put ``kernels/gdn_tree_conv.py`` and
+``kernels/gdn_tree.py`` in their place on a DDTREE server: the conv writes each node's input, the recurrence
+computes every node's output from the root state and leaves the commit data in the request's row of the SSM
+buffer, and the commit builds the requested nodes' windows and states from those and the root's, which stay in
+the request's slot until the request's own commit replaces them. The buffers hold one input per node and the
+workspace's states, not N windows and N states (``gdn_workspace_pool``). A float32 state buffer is required (the
+commit data are float32); with ``--mamba-ssm-dtype bfloat16`` the hooks (and the buffers' sizes) leave SGLang's
+path in place and say so once. Where the pool is not the package's (``--enable-unified-memory``) the conv and its
+windows stay SGLang's and only the recurrence is replaced.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ logger = logging.getLogger(__name__)
 
 WY_VERIFY_ENV = "SGLANG_DDTREE_GDN_WY_VERIFY"
 VERIFY_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatcher.target_verify"
+# The name the GDN backend's extend path calls for decode and target-verify convolutions, bound at its import.
+CONV_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.causal_conv1d_update"
 # The name the hybrid backend's commit calls (``update_mamba_state_after_mtp_verify``), bound at its import.
 SCATTER_TARGET = "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify"
-_counts = {"layer_verifies": 0, "commits": 0}
+_counts = {"layer_verifies": 0, "layer_convs": 0, "commits": 0}
 _warned = False
 
 
@@ -63,6 +68,28 @@ def tree_capacity() -> int:
     return int(get_server_args().max_speculative_num_draft_tokens)
 
 
+def convolve_tree_without_windows(original: Callable[..., torch.Tensor], x: torch.Tensor, conv_states: torch.Tensor,
+                                  weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                                  activation: Any = None, **kwargs: Any) -> torch.Tensor:  # fmt: skip
+    """AROUND the GDN backend's ``causal_conv1d_update``: a DDTREE tree verify's conv through one GDN layer, where
+    the pool holds one input per node (a decode step's conv, and any conv on other pools, stay SGLang's)."""
+    from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv
+    from sglang_ddtree.speculative.gdn_workspace_pool import conv_inputs_in_place
+
+    parents = kwargs.get("retrieve_parent_token")
+    if parents is None or not conv_inputs_in_place():
+        return original(x, conv_states, weight, bias, activation, **kwargs)
+    bs = x.shape[0]
+    inputs = kwargs["intermediate_conv_window"]
+    out = gdn_tree_conv(
+        x, conv_states, weight, bias, activation, kwargs["conv_state_indices"][:bs], kwargs["retrieve_next_token"],
+        kwargs["retrieve_next_sibling"], parents, inputs.view(inputs.shape[0], -1),
+        kwargs["intermediate_state_indices"][:bs],
+    )  # fmt: skip
+    _counts["layer_convs"] += 1
+    return out
+
+
 def verify_tree_from_the_root_state(original: Callable[..., torch.Tensor], dispatcher: Any, A_log: torch.Tensor,
                                     dt_bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                     a: torch.Tensor, b: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # fmt: skip
@@ -89,10 +116,14 @@ def commit_nodes_from_the_root_state(
     mamba_steps_to_track: Optional[torch.Tensor],
 ) -> None:
     """AROUND ``scatter_mamba_states_after_mtp_verify`` (SGLang's commit after a verify: each request's accepted
-    node into its slot, a prefix-cache track node into its track slot; SSM states, then conv windows). The SSM
-    states are built from the root state in the request's slot and the workspace, the track node's first: the
-    request's own commit then replaces that root state. The conv windows stay SGLang's."""
+    node into its slot, a prefix-cache track node into its track slot; SSM states, then conv windows). The states
+    and windows are built from the root's in the request's slot and what the verify left, the track node's first:
+    the request's own commit then replaces the root's. Where the pool holds conv windows (not the package's pool),
+    SGLang's scatter copies them."""
     from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit
+    from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv_commit
+    from sglang_ddtree.kernels.gdn_workspace import parents_offset
+    from sglang_ddtree.speculative.gdn_workspace_pool import conv_inputs_in_place
 
     ssm_states, workspace = mamba_caches.temporal, mamba_caches.intermediate_ssm
     args = (last_correct_step_indices, mamba_track_indices, mamba_steps_to_track)
@@ -100,12 +131,21 @@ def commit_nodes_from_the_root_state(
         return original(mamba_caches, state_indices, *args)
     workspace = workspace.view(*workspace.shape[:2], -1)
     capacity = tree_capacity()  # the layout every verify wrote, whatever its tree's width
-    if mamba_track_indices is not None:
-        gdn_tree_commit(ssm_states, workspace, mamba_track_indices, mamba_steps_to_track, capacity,
-                        source_indices=state_indices)  # fmt: skip
-    gdn_tree_commit(ssm_states, workspace, state_indices, last_correct_step_indices, capacity,
-                    source_indices=state_indices)  # fmt: skip
+    commits = [(mamba_track_indices, mamba_steps_to_track)] if mamba_track_indices is not None else []
+    commits.append((state_indices, last_correct_step_indices))  # the request's own last: it replaces the root's
+    if conv_inputs_in_place():
+        HV, V, K = ssm_states.shape[2:]
+        start = parents_offset(capacity, HV, K, V)
+        parents = workspace[:, :, start:start + capacity]
+        for conv_states, inputs in zip(mamba_caches.conv, mamba_caches.intermediate_conv_window):
+            for slots, nodes in commits:
+                gdn_tree_conv_commit(conv_states, inputs.view(*inputs.shape[:2], -1), parents, slots, nodes,
+                                     source_indices=state_indices)  # fmt: skip
+    for slots, nodes in commits:
+        gdn_tree_commit(ssm_states, workspace, slots, nodes, capacity, source_indices=state_indices)
     _counts["commits"] += 1
+    if conv_inputs_in_place():
+        return None
     # SGLang's scatter skips the SSM states when there are none: only the conv windows are left to it.
     return original(dataclasses.replace(mamba_caches, temporal=ssm_states[:0]), state_indices, *args)
 
@@ -123,6 +163,7 @@ def wy_verify_report() -> dict[str, Any] | None:
 
 def register(registry: Any, hook_type: Any) -> None:
     from sglang_ddtree.speculative import gdn_workspace_pool
+    registry.register(CONV_TARGET, convolve_tree_without_windows, hook_type.AROUND)
     registry.register(VERIFY_TARGET, verify_tree_from_the_root_state, hook_type.AROUND)
     registry.register(SCATTER_TARGET, commit_nodes_from_the_root_state, hook_type.AROUND)
     gdn_workspace_pool.register(registry, hook_type)

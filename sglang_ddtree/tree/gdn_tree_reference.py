@@ -85,3 +85,55 @@ def reference_gdn_tree_verify(
             out[r, i] = torch.einsum("hkv,hk->hv", h, qn[r, i])
             states[r, i] = h.transpose(1, 2)
     return out, states
+
+
+def tree_links(parents: list[int]) -> tuple[list[int], list[int]]:
+    """SGLang's ``retrieve_next_token`` (each node's smallest-index child) and ``retrieve_next_sibling`` (the next
+    larger-index child of its parent) of a tree numbered parent before child, -1 where there is none; a padding
+    node (parent -1 past the root) links nowhere."""
+    first_child, next_sibling = [-1] * len(parents), [-1] * len(parents)
+    last_child: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        if node == 0 or parent < 0:
+            continue
+        if parent in last_child:
+            next_sibling[last_child[parent]] = node
+        else:
+            first_child[parent] = node
+        last_child[parent] = node
+    return first_child, next_sibling
+
+
+def path_inputs(x: torch.Tensor, conv_state: torch.Tensor, parents: list[int], node: int, count: int) -> torch.Tensor:
+    """The ``count`` inputs ending at ``node`` along its root-to-node path, oldest first, ``[dim, count]``: the
+    path's own tokens (``x [dim, T]``), preceded by the persistent conv window (``conv_state [dim, W - 1]``, its
+    last column the token before the root) where the path is shorter than ``count``."""
+    path = [node]
+    while path[-1] > 0 and len(path) < count:
+        path.append(parents[path[-1]])
+    columns = [x[:, i] for i in reversed(path)]
+    history = conv_state[:, conv_state.shape[1] - (count - len(columns)):] if count > len(columns) else x[:, :0]
+    return torch.cat([history, torch.stack(columns, dim=1)], dim=1)
+
+
+def reference_tree_conv(x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor,
+                        bias: Optional[torch.Tensor], parents: torch.Tensor,
+                        silu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The causal depthwise convolution of a GDN layer over draft trees: each node convolves the ``W`` inputs
+    ending at it along its root-to-node path (SGLang's ``causal_conv1d_update`` with ``retrieve_*`` tree links).
+    ``x [bs, dim, T]``, ``conv_states [bs, dim, W - 1]`` (each request's window before the root), ``weight [dim,
+    W]`` (its last column multiplies the node itself), ``parents [bs, T]``. Returns the outputs ``[bs, dim, T]`` and
+    every node's window after it ``[bs, T, dim, W - 1]``: what committing that node leaves as the request's conv
+    state (float32)."""
+    bs, dim, T = x.shape
+    W = weight.shape[1]
+    out = torch.empty(bs, dim, T)
+    windows = torch.empty(bs, T, dim, W - 1)
+    for r in range(bs):
+        tree = [int(p) for p in parents[r]]
+        for i in range(T):
+            window = path_inputs(x[r].float(), conv_states[r].float(), tree, i, W)
+            acc = (window * weight.float()).sum(1) + (0 if bias is None else bias.float())
+            out[r, :, i] = acc * torch.sigmoid(acc) if silu else acc
+            windows[r, i] = window[:, 1:]
+    return out, windows
