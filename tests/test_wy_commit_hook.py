@@ -2,7 +2,7 @@
 ``hybrid_tree_verify``): the root state and conv window stay in the request's slot, so a prefix-cache track node's
 are built first, from them, and the request's accepted node's then replace them. With the package's pool (one conv
 input per node) the windows are built too and SGLang's scatter is not called; with SGLang's windows it is left to
-copy them, and gets no SSM states. (On the CPU engine SGLang has no prefix-cache track slots for GDN states, so a
+copy them, and gets no SSM states. The conv hook beside it leaves decode steps to SGLang. (On the CPU engine SGLang has no prefix-cache track slots for GDN states, so a
 server never takes the track branch here; the GPU suite's ``ddtree_wy_radix`` does.)"""
 
 from __future__ import annotations
@@ -101,3 +101,24 @@ def test_with_the_packages_pool_the_windows_are_built_from_the_inputs_and_sglang
     torch.testing.assert_close(states[0], want_states[0, 2], **TOLERANCE)
     for nobodys in (2, 4, 5):
         assert torch.equal(windows[nobodys], before[nobodys].cpu()) and states[nobodys].abs().max() == 0
+
+
+def test_the_conv_hook_leaves_decode_steps_to_sglang_and_refuses_a_chain_verify_on_the_packages_pool(monkeypatch):
+    """On the package's pool (one conv input per node) SGLang's conv still runs every decode step; a verify without
+    tree links would have SGLang's kernel write whole windows into the inputs' rows, so it is refused."""
+    monkeypatch.setattr(gdn_workspace_pool, "_allocated", object())
+    calls = []
+
+    def sglangs_conv(*args, **kwargs):
+        calls.append(kwargs)
+        return "decoded"
+
+    x, state, weight = torch.zeros(1, 8, 1), torch.zeros(2, 8, 3), torch.zeros(8, 4)
+    slots = torch.zeros(1, dtype=torch.int32)
+    assert hybrid_tree_verify.convolve_tree_without_windows(sglangs_conv, x, state, weight, None, "silu",
+                                                            conv_state_indices=slots) == "decoded"  # fmt: skip
+    with pytest.raises(RuntimeError, match="without tree links"):
+        hybrid_tree_verify.convolve_tree_without_windows(sglangs_conv, x, state, weight, None, "silu",
+                                                         conv_state_indices=slots,
+                                                         intermediate_conv_window=torch.zeros(2, 4, 8))  # fmt: skip
+    assert len(calls) == 1

@@ -77,7 +77,12 @@ def convolve_tree_without_windows(original: Callable[..., torch.Tensor], x: torc
     from sglang_ddtree.speculative.gdn_workspace_pool import conv_inputs_in_place
 
     parents = kwargs.get("retrieve_parent_token")
-    if parents is None or not conv_inputs_in_place():
+    if not conv_inputs_in_place():
+        return original(x, conv_states, weight, bias, activation, **kwargs)
+    if parents is None:
+        if kwargs.get("intermediate_conv_window") is not None:  # SGLang's kernel would write windows into it
+            raise RuntimeError("DDTREE: a GDN verify without tree links on a pool that holds one conv input per "
+                               "node, not a window (DDTREE always verifies trees)")  # fmt: skip
         return original(x, conv_states, weight, bias, activation, **kwargs)
     bs = x.shape[0]
     inputs = kwargs["intermediate_conv_window"]
