@@ -7,6 +7,7 @@ TRITON_INTERPRET=1, or a GPU)."""
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import pytest
 import torch
@@ -44,11 +45,15 @@ class Trees:
         self.next_token = torch.tensor([f for f, _ in links], dtype=torch.int64, device=DEVICE)  # SGLang's dtype
         self.next_sibling = torch.tensor([s for _, s in links], dtype=torch.int64, device=DEVICE)
 
-    def convolve(self, capacity: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Our verify: outputs, the parents it wrote and the inputs it left (one row per request)."""
+    def convolve(self, capacity: int = 0, inputs: Optional[torch.Tensor] = None,
+                 parents: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Our verify: outputs, the parents it wrote and the inputs it left (one row per request; ``inputs`` and
+        ``parents``: where, default new buffers)."""
         bs, dim, T = self.x.shape
-        parents = torch.full((bs, T), 99, dtype=torch.int64, device=DEVICE)
-        inputs = torch.full((bs, (capacity or T) * dim), float("nan"), dtype=self.x.dtype, device=DEVICE)
+        if parents is None:
+            parents = torch.full((bs, T), 99, dtype=torch.int64, device=DEVICE)
+        if inputs is None:
+            inputs = torch.full((bs, (capacity or T) * dim), float("nan"), dtype=self.x.dtype, device=DEVICE)
         out = gdn_tree_conv(self.x, self.pool, self.weight, self.bias, "silu", self.slots, self.next_token,
                             self.next_sibling, parents, inputs, torch.arange(bs, device=DEVICE))  # fmt: skip
         return out, parents, inputs

@@ -17,6 +17,7 @@ from sglang_ddtree.speculative.gdn_workspace_pool import (
     workspace_slots,
 )
 from sglang_ddtree.kernels.gdn_tree import workspace_numel
+from sglang_ddtree.kernels.gdn_workspace import conv_inputs_offset
 
 MIB = 1 << 20
 
@@ -47,8 +48,8 @@ def test_a_request_workspace_takes_the_fewest_whole_states_that_hold_it(nodes, H
 def test_sglangs_sizing_reserves_one_state_per_request_slot_at_qwen36_27b_not_33():
     """SGLang's sizing charges per-node buffers in whole nodes (``mamba_cache_per_req``: one conv window and one
     SSM state in every GDN layer) times N. With N replaced by the layout's size in that unit it reserves exactly
-    the layout: at TP 2, 33 conv inputs (a third of a window each) and 1 SSM state per GDN layer, 87.5 MiB per
-    request slot where the per-node snapshots take 2.37 GiB (73.4 MiB per node)."""
+    the layout: at TP 2, one SSM state per GDN layer, which also holds the 33 conv inputs: 72 MiB per request slot
+    where the per-node snapshots take 2.37 GiB (73.4 MiB per node)."""
     params = qwen36_27b_cache_params(tp=2)
     layout = WorkspaceLayout.of(params, nodes=33)
     ssm_bytes, conv_input_bytes = 24 * 128 * 128 * 4, (2 * 16 + 48) * 128 // 2 * 2
@@ -57,15 +58,25 @@ def test_sglangs_sizing_reserves_one_state_per_request_slot_at_qwen36_27b_not_33
     node_bytes = params.mamba_cache_per_req
     assert node_bytes == 48 * (ssm_bytes + layout.conv_bytes) and round(node_bytes / MIB, 1) == 73.4
     reserved = round(node_bytes * layout.reserved_node_states)
-    assert reserved == 48 * (33 * conv_input_bytes + ssm_bytes) and round(reserved / MIB, 1) == 87.5
-    assert node_bytes * 33 - reserved == 48 * (32 * ssm_bytes + 33 * 2 * conv_input_bytes)  # back to the KV cache
+    assert reserved == 48 * ssm_bytes and reserved == 72 * MIB
+    assert node_bytes * 33 - reserved == 48 * (32 * ssm_bytes + 33 * layout.conv_bytes)  # back to the KV cache
 
 
-def test_the_planned_pool_holds_the_workspace_states_and_a_conv_input_per_node(monkeypatch):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_at_qwen36_27b_one_state_per_layer_holds_trees_up_to_45_nodes_conv_inputs_included(tp):
+    """The memory a request's verify takes does not grow with the tree up to 45 nodes: one SSM state per GDN layer
+    (72 MiB per request at TP 2, 144 at TP 1); 46 to 65 nodes take two."""
+    params = qwen36_27b_cache_params(tp=tp)
+    slots = {n: WorkspaceLayout.of(params, nodes=n).ssm_slots for n in (2, 9, 16, 33, 45, 46, 65)}
+    assert slots == {2: 1, 9: 1, 16: 1, 33: 1, 45: 1, 46: 2, 65: 2}
+
+
+def test_the_planned_pool_holds_the_workspace_states_and_a_conv_input_per_node_in_them(monkeypatch):
     """``MambaPool`` built through the hook under a plan for 9-node trees: the same persistent states as SGLang's
-    own pool for 9 nodes, but 1 SSM state per request slot where SGLang's has 9, and 9 conv inputs where SGLang's
-    has 9 windows of 3 (CPU device: the CPU-CI shim sends the pool's hard-coded CUDA buffers to the pool's
-    device)."""
+    own pool for 9 nodes, but 2 SSM states per request slot where SGLang's has 9 (this head is 32 x 32: its
+    state is small against the nodes' 96-channel conv inputs), and the 9 conv inputs, where SGLang has 9 windows
+    of 3, are views of those states past the recurrence's workspace: nothing else is allocated (CPU device: the
+    CPU-CI shim sends the pool's hard-coded CUDA buffers to the pool's device)."""
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
     shape = Mamba2StateShape.create(tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=1, head_dim=32,
@@ -81,22 +92,29 @@ def test_the_planned_pool_holds_the_workspace_states_and_a_conv_input_per_node(m
     pool = MambaPool.__new__(MambaPool)
     allocate_the_workspace_not_node_states(MambaPool.__init__, pool, **kwargs)
     ours = pool.mamba_cache
-    assert ours.intermediate_ssm.shape == (2, 4, 1, 1, 32, 32) and sglangs.intermediate_ssm.shape[2] == 9
+    assert ours.intermediate_ssm.shape == (2, 4, 2, 1, 32, 32) and sglangs.intermediate_ssm.shape[2] == 9
     assert [t.shape for t in sglangs.intermediate_conv_window] == [(2, 4, 9, 96, 3)]
-    assert [t.shape for t in ours.intermediate_conv_window] == [(2, 4, 9, 96)]
+    [inputs] = ours.intermediate_conv_window
+    assert inputs.shape == (2, 4, 9, 96) and pool._intermediate_conv_window_phys == []
     assert [t.shape for t in ours.conv] == [t.shape for t in sglangs.conv]
     assert ours.temporal.shape == sglangs.temporal.shape
     assert gdn_workspace_pool.conv_inputs_in_place()
+    # Layer 1, request row 2, node 8's input is that row's floats from the offset on: the same memory.
+    rows = ours.intermediate_ssm.view(2, 4, -1)
+    start = conv_inputs_offset(9, HV=1, K=32, V=32) + 8 * 96
+    inputs[1, 2, 8] = torch.arange(96.0)
+    assert torch.equal(rows[1, 2, start:start + 96], torch.arange(96.0))
+    assert rows[1, 2, :start].abs().max() == 0 and rows[1, 2, start + 96:].abs().max() == 0
     per_request = gdn_workspace_pool.workspace_pool_report()
-    assert per_request["ssm_slots_per_request"] == 1
-    assert per_request["bytes_per_request"] == 2 * (9 * 96 + 32 * 32) * 4
+    assert per_request["ssm_slots_per_request"] == 2
+    assert per_request["bytes_per_request"] == 2 * 2 * 32 * 32 * 4
 
 
 @pytest.mark.parametrize("tp", [1, 2])
 def test_the_launchers_estimate_from_config_json_is_what_the_sizing_reserves(tp):
     """The launcher sizes ``--max-running-requests`` from ``config.json`` alone (``hybrid_targets``, no SGLang
-    import); at Qwen3.6-27B's shape and N = 33 its per-slot figure for the WY verify is the pool's layout: 174.9 MiB
-    per request slot at TP 1, 87.5 at TP 2."""
+    import); at Qwen3.6-27B's shape and N = 33 its per-slot figure for the WY verify is the pool's layout: 144 MiB
+    per request slot at TP 1, 72 at TP 2."""
     from sglang_ddtree.speculative.hybrid_targets import gdn_state_size
 
     config = {"num_hidden_layers": 64, "full_attention_interval": 4, "linear_num_value_heads": 48,
@@ -105,4 +123,4 @@ def test_the_launchers_estimate_from_config_json_is_what_the_sizing_reserves(tp)
     params = qwen36_27b_cache_params(tp=tp)
     reserved = round(params.mamba_cache_per_req * WorkspaceLayout.of(params, nodes=33).reserved_node_states)
     estimate = gdn_state_size(config, tp).verify_scratch_bytes(33, running_requests=0, snapshot_free=True)
-    assert estimate == reserved and round(reserved / MIB, 1) == {1: 174.9, 2: 87.5}[tp]
+    assert estimate == reserved and reserved == {1: 144, 2: 72}[tp] * MIB

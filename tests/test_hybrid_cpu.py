@@ -127,9 +127,9 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
                                                              verify):  # fmt: skip
     """``gdn_verify``: SGLang's per-node snapshot tree verify, or the snapshot-free one from the root state
     (``SGLANG_DDTREE_GDN_WY_VERIFY``, ``kernels/gdn_tree.py`` and ``gdn_tree_conv.py``), whose use the server
-    reports, with its per-request SSM buffer cut to the workspace's states (2 for the budget-8 tree, not 9), its
-    conv windows to one input per node, and SGLang's memory sizing reserving just that: the states of the 7 other
-    nodes and two thirds of the windows go back to the KV cache. ``verify``: the package's greedy one (the
+    reports, with its per-request buffers cut to the workspace's states (2 for the budget-8 tree, not 9), which
+    also hold one conv input per node, not a window, and SGLang's memory sizing reserving just that: the states
+    of the 7 other nodes and the windows go back to the KV cache. ``verify``: the package's greedy one (the
     default), which commits the GDN states of the path its own kernel accepts, or SGLang's EAGLE tree verification
     (``SGLANG_DDTREE_LEAN_VERIFY=0``)."""
     report = ddtree_reports(budget, gdn_verify, verify)
@@ -142,10 +142,10 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
         used = state["ddtree_gdn_wy_verify"]
         assert used["layer_verifies"] > 0 and used["layer_convs"] > 0 and used["commits"] > 0, used
         buffers = used["intermediate_buffers"]  # per request slot
-        nodes, slots = budget + 1, workspace_slots(budget + 1, HV=1, K=32, V=32)
+        nodes, slots = budget + 1, workspace_slots(budget + 1, HV=1, K=32, V=32, conv_input_bytes=GDN_CONV_INPUT_BYTES)
         assert (buffers["tree_nodes"], buffers["ssm_slots_per_request"]) == (nodes, slots) and slots < nodes
         assert buffers["reserved_bytes_per_request"] == buffers["bytes_per_request"]
-        saved = GDN_LAYERS * ((nodes - slots) * GDN_STATE_BYTES + nodes * 2 * GDN_CONV_INPUT_BYTES)
+        saved = GDN_LAYERS * (nodes * (GDN_STATE_BYTES + 3 * GDN_CONV_INPUT_BYTES) - slots * GDN_STATE_BYTES)
         assert buffers["snapshot_bytes_per_request"] - buffers["bytes_per_request"] == saved, buffers
     else:
         assert "ddtree_gdn_wy_verify" not in state

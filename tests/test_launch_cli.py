@@ -459,10 +459,10 @@ def test_ddtree_at_qwen36_27b_shape_runs_as_many_requests_as_their_node_states_f
 
 
 def test_the_snapshot_free_gdn_verify_lets_sglangs_48_running_requests_fit(hybrid, tmp_path):
-    """``SGLANG_DDTREE_GDN_WY_VERIFY=1``: a request slot holds every node's conv input but only the workspace's
-    SSM state per GDN layer (``gdn_workspace_pool``): 48 x (33 x 20 KiB + 3 MiB) = 174.9 MiB at TP=1 instead of
-    4.73 GiB, so 49 slots take 8.4 GiB of the 34.3 GiB half and SGLang's own 48 requests stand; 48 requests
-    asked for explicitly are no longer refused."""
+    """``SGLANG_DDTREE_GDN_WY_VERIFY=1``: a request slot holds only the workspace, one SSM state per GDN layer with
+    every node's conv input in it (``gdn_workspace_pool``): 48 x 3 MiB = 144 MiB at TP=1 instead of 4.73 GiB, so
+    49 slots take 6.9 GiB of the 34.3 GiB half and SGLang's own 48 requests stand; 48 requests asked for
+    explicitly are no longer refused."""
     env = {**with_fake_gpu(tmp_path, H200_MIB), "SGLANG_DDTREE_GDN_WY_VERIFY": "1"}
     for extra in ([], ["--max-running-requests", "48"]):
         result = launch("--model-path", hybrid["big"], "--draft-model-path", hybrid["big_drafter"], "--load-format",

@@ -1,9 +1,10 @@
 """The snapshot-free verify's commit as SGLang calls it (``scatter_mamba_states_after_mtp_verify``, AROUND-hooked in
 ``hybrid_tree_verify``): the root state and conv window stay in the request's slot, so a prefix-cache track node's
-are built first, from them, and the request's accepted node's then replace them. With the package's pool (one conv
-input per node) the windows are built too and SGLang's scatter is not called; with SGLang's windows it is left to
-copy them, and gets no SSM states. The conv hook beside it leaves decode steps to SGLang. (On the CPU engine SGLang has no prefix-cache track slots for GDN states, so a
-server never takes the track branch here; the GPU suite's ``ddtree_wy_radix`` does.)"""
+are built first, from them, and the request's accepted node's then replace them. With the package's pool (the conv
+inputs in the workspace) the windows are built too and SGLang's scatter is not called; with SGLang's windows it is
+left to copy them, and gets no SSM states. The conv hook beside it leaves decode steps to SGLang. (On the CPU
+engine SGLang has no prefix-cache track slots for GDN states, so a server never takes the track branch here; the
+GPU suite's ``ddtree_wy_radix`` does.)"""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import os
 import pytest
 import torch
 
+from sglang_ddtree.kernels.gdn_tree import gdn_tree_verify
+from sglang_ddtree.kernels.gdn_workspace import workspace_slots
 from sglang_ddtree.speculative import gdn_workspace_pool, hybrid_tree_verify
+from sglang_ddtree.speculative.gdn_workspace_pool import conv_input_views
 from sglang_ddtree.tree.gdn_tree_reference import reference_gdn_tree_verify, reference_tree_conv
-from test_gdn_tree_conv import Trees
+from test_gdn_tree_conv import DIM, Trees
 from test_gdn_tree_kernels import DEVICE, HV, K, TOLERANCE, V, bushy, deep_with_twigs, layer_inputs, verify
 
 pytestmark = pytest.mark.skipif(
@@ -62,6 +66,9 @@ def test_the_track_node_is_built_from_the_root_state_before_the_request_commits_
 
 
 def test_with_the_packages_pool_the_windows_are_built_from_the_inputs_and_sglang_is_not_called(monkeypatch):
+    """One workspace row per request holds both verifies' data, as the package's pool lays it out: the conv's
+    inputs past the recurrence's workspace (``conv_input_views``), written first, as a layer runs them; neither
+    clobbers the other, and the commit builds the accepted and track nodes' windows and states from them."""
     from sglang.srt.mem_cache.memory_pool import MambaPool
 
     trees = [bushy(9, seed=4), deep_with_twigs(9)]
@@ -71,17 +78,23 @@ def test_with_the_packages_pool_the_windows_are_built_from_the_inputs_and_sglang
     initial = torch.randn(bs, HV, V, K, generator=torch.Generator().manual_seed(5))
     _, want_states = reference_gdn_tree_verify(**inputs, initial_states=initial, parents=parents, scale=K**-0.5)
     conv = Trees(trees, seed=6)  # the requests' windows in slots 1 and 3 of 6
-    _, _, conv_inputs = conv.convolve()
     _, want_windows = reference_tree_conv(conv.x.cpu(), conv.pool[conv.slots.long()].cpu(), conv.weight.cpu(),
                                           conv.bias.cpu(), parents)  # fmt: skip
+    slots_per_row = workspace_slots(T, HV, K, V, conv_input_bytes=DIM * 4)
+    workspace = torch.full((1, bs, slots_per_row, HV, V, K), float("nan"), device=DEVICE)  # [layers, rows, ...]
+    [conv_inputs] = conv_input_views(workspace, T, [(DIM, torch.float32)])
+    retrieve_parents = torch.empty(bs, T, dtype=torch.int64, device=DEVICE)
+    conv.convolve(inputs=conv_inputs[0].view(bs, -1), parents=retrieve_parents)
     pool = torch.zeros(conv.pool.shape[0], HV, V, K, device=DEVICE)
     slots = conv.slots
     pool[slots.long()] = initial.to(DEVICE)
-    _, workspace = verify(inputs, pool, slots, parents, T)  # also leaves the parents where the conv commit reads them
+    gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
+                    parents=retrieve_parents, workspace=workspace[0].view(bs, -1),
+                    workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5, capacity=T)  # fmt: skip
+    assert torch.equal(conv_inputs[0].cpu(), conv.x.cpu().transpose(1, 2))  # the recurrence left them alone
     before = conv.pool.clone()
     caches = MambaPool.SpeculativeState(
-        conv=[conv.pool[None]], temporal=pool[None], intermediate_ssm=workspace[None],
-        intermediate_conv_window=[conv_inputs.view(1, bs, T, -1)],
+        conv=[conv.pool[None]], temporal=pool[None], intermediate_ssm=workspace, intermediate_conv_window=[conv_inputs],
     )
     monkeypatch.setattr(hybrid_tree_verify, "serving_ddtree", lambda: True)
     monkeypatch.setattr(hybrid_tree_verify, "tree_capacity", lambda: T)

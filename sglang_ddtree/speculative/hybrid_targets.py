@@ -8,8 +8,8 @@ SSM dtype and, for trees, dense ``intermediate_conv_window`` ``[gdn_layers, slot
 in the conv dtype), then copies the last accepted node's state into the request's own. That scratch is reserved for
 every running request at the full verify width N, so it, not the KV cache, caps a DDTree server's concurrency on a
 large hybrid model: Qwen3.6-27B at TP=2 needs ~73 MiB per node per request slot (fp32 SSM state); DDTREE's
-snapshot-free verify (``SGLANG_DDTREE_GDN_WY_VERIFY=1``) needs every node's conv input (a third of a window) but
-only a workspace of a few SSM states (``gdn_workspace_pool``).
+snapshot-free verify (``SGLANG_DDTREE_GDN_WY_VERIFY=1``) needs only a workspace of a few SSM states, which also
+holds every node's conv input (``gdn_workspace_pool``): one state per GDN layer up to 45 nodes at that shape.
 
 The sizes here are computed from ``config.json`` alone, without importing SGLang, so the launcher can refuse (or
 size) a configuration in a second instead of failing after the weights load.
@@ -49,12 +49,11 @@ class GdnStateSize:
 
     def verify_scratch_bytes(self, verify_width: int, running_requests: int, snapshot_free: bool = False) -> int:
         """The per-node verify scratch: ``running_requests + 1`` slots (one is padding) of ``verify_width`` nodes
-        each; ``snapshot_free`` (DDTREE's WY verify on float32 states, ``gdn_workspace_pool``): every node's conv
-        input but only the workspace's SSM states."""
+        each; ``snapshot_free`` (DDTREE's WY verify on float32 states, ``gdn_workspace_pool``): the workspace's
+        SSM states, which hold every node's conv input too."""
         per_request = verify_width * (self.conv_window_bytes + self.ssm_bytes)
         if snapshot_free and self.ssm_float32:
-            ssm_states = min(verify_width, workspace_slots(verify_width, *self.ssm_heads))
-            per_request = verify_width * self.conv_input_bytes + ssm_states * self.ssm_bytes
+            per_request = workspace_slots(verify_width, *self.ssm_heads, self.conv_input_bytes) * self.ssm_bytes
         return (running_requests + 1) * self.gdn_layers * per_request
 
 

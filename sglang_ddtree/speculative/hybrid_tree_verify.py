@@ -9,10 +9,10 @@ into the pool (``scatter_mamba_states_after_mtp_verify``). Three AROUND hooks pu
 ``kernels/gdn_tree.py`` in their place on a DDTREE server: the conv writes each node's input, the recurrence
 computes every node's output from the root state and leaves the commit data in the request's row of the SSM
 buffer, and the commit builds the requested nodes' windows and states from those and the root's, which stay in
-the request's slot until the request's own commit replaces them. The buffers hold one input per node and the
-workspace's states, not N windows and N states (``gdn_workspace_pool``). A float32 state buffer is required (the
-commit data are float32); with ``--mamba-ssm-dtype bfloat16`` the hooks (and the buffers' sizes) leave SGLang's
-path in place and say so once. Where the pool is not the package's (``--enable-unified-memory``) the conv and its
+the request's slot until the request's own commit replaces them. The per-request buffer holds the workspace's
+states, with one conv input per node in them, not N windows and N states (``gdn_workspace_pool``). A float32
+state buffer is required (the commit data are float32); with ``--mamba-ssm-dtype bfloat16`` the hooks (and the
+buffers' sizes) leave SGLang's path in place and say so once. Where the pool is not the package's (``--enable-unified-memory``) the conv and its
 windows stay SGLang's and only the recurrence is replaced.
 """
 
