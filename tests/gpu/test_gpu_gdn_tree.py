@@ -1,16 +1,20 @@
 """GPU suite: the snapshot-free GDN tree verify (``kernels/gdn_tree.py``) at Qwen3.6-27B's head layout (16 key
 and 48 value heads of 128, TP 1) equals SGLang 0.5.17's snapshot tree verify on bf16 inputs with fp32 states:
-outputs within bf16 rounding, and the committed state within fp32 rounding of the snapshot SGLang would copy.
-(The float32 proof against the sequential recurrence, on every tree shape, is tests/test_gdn_tree_kernels.py.)"""
+outputs within bf16 rounding, and the committed state within fp32 rounding of the snapshot SGLang would copy; its
+tree conv (``kernels/gdn_tree_conv.py``, 10,240 channels) equals SGLang's tree conv, and the window it commits is
+the one SGLang would copy, bit for bit. (The float32 proofs against the sequential recurrence and the decode step,
+on every tree shape, are tests/test_gdn_tree_kernels.py and tests/test_gdn_tree_conv.py.)"""
 
 import pytest
 import torch
 
-from sglang_ddtree.tree.gdn_tree_reference import random_parents
+from sglang_ddtree.tree.gdn_tree_reference import random_parents, tree_links
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
+from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv, gdn_tree_conv_commit
 
 pytestmark = pytest.mark.gpu
 H, HV, K = 16, 48, 128
+CONV_DIM, CONV_WIDTH = (2 * H + HV) * K, 4
 
 
 @pytest.mark.parametrize("bs, T, shape", [(1, 33, "bushy"), (8, 33, "bushy"), (4, 65, "bushy"), (8, 16, "chain")])
@@ -41,3 +45,37 @@ def test_real_shapes_match_sglangs_snapshot_tree_verify(bs, T, shape):
     last = torch.randint(0, T, (bs,), generator=g).cuda()
     gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots)
     torch.testing.assert_close(pool[slots], snapshots[torch.arange(bs, device="cuda"), last], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("bs, T", [(1, 33), (8, 33), (4, 65), (8, 16)])
+def test_the_tree_conv_at_real_shapes_matches_sglangs_and_commits_its_window(bs, T):
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    g = torch.Generator().manual_seed(T + bs)
+    trees = [random_parents(T, g) for _ in range(bs)]
+    links = [tree_links(tree) for tree in trees]
+    next_token, next_sibling = (torch.tensor([link[i] for link in links], device="cuda") for i in (0, 1))
+    x = torch.randn(bs, T, CONV_DIM, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    weight = torch.randn(CONV_DIM, CONV_WIDTH, device="cuda", dtype=torch.bfloat16) * 0.5
+    bias = torch.randn(CONV_DIM, device="cuda", dtype=torch.bfloat16) * 0.1
+    slots = torch.arange(bs, device="cuda", dtype=torch.int32) * 2 + 1
+    pool = torch.randn(2 * bs + 1, CONV_DIM, CONV_WIDTH - 1, device="cuda", dtype=torch.bfloat16)
+    base = pool.clone()
+    rows = torch.arange(bs, device="cuda", dtype=torch.int32)
+    windows = torch.empty(bs, T, CONV_DIM, CONV_WIDTH - 1, device="cuda", dtype=torch.bfloat16)
+    sglang_parents, our_parents = (torch.empty(bs, T, device="cuda", dtype=torch.int64) for _ in range(2))
+    theirs = causal_conv1d_update(
+        x, pool, weight, bias, "silu", conv_state_indices=slots, intermediate_conv_window=windows,
+        intermediate_state_indices=rows, retrieve_next_token=next_token, retrieve_next_sibling=next_sibling,
+        retrieve_parent_token=sglang_parents,
+    )  # fmt: skip
+    pool.copy_(base)  # SGLang's verify overwrote the windows before the roots; ours leaves them
+    inputs = torch.empty(bs, T * CONV_DIM, device="cuda", dtype=torch.bfloat16)
+    ours = gdn_tree_conv(x, pool, weight, bias, "silu", slots, next_token, next_sibling, our_parents, inputs, rows)
+    assert torch.equal(pool, base)
+    # Each output is a bf16 rounding of four bf16 products summed in fp32, in the other order: one bf16 step apart.
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(our_parents[:, 1:], sglang_parents[:, 1:])  # SGLang leaves the root's 0
+    last = torch.randint(0, T, (bs,), generator=g).cuda()
+    gdn_tree_conv_commit(pool[None], inputs[None], our_parents[None], slots, last, source_indices=slots)
+    assert torch.equal(pool[slots.long()], windows[torch.arange(bs, device="cuda"), last])
