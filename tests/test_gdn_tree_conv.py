@@ -46,7 +46,7 @@ class Trees:
         self.next_sibling = torch.tensor([s for _, s in links], dtype=torch.int64, device=DEVICE)
 
     def convolve(self, capacity: int = 0, inputs: Optional[torch.Tensor] = None,
-                 parents: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                 parents: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """Our verify: outputs, the parents it wrote and the inputs it left (one row per request; ``inputs`` and
         ``parents``: where, default new buffers)."""
         bs, dim, T = self.x.shape

@@ -64,7 +64,8 @@ def test_the_report_gives_the_conv_its_own_table_when_the_rows_have_it():
            "ms": {"sglang_verify": 0.3, "sglang_commit": 0.08, "ours_verify": 0.28, "ours_commit": 0.08},
            "scratch_mib_per_request": {"sglang": 99.0, "ours": 4.55},
            "max_abs_diff": {"output": 1e-4, "committed_state": 1e-6},
-           "conv": {"ms": {"sglang_conv": 0.04, "sglang_conv_commit": 0.01, "ours_conv": 0.03, "ours_conv_commit": 0.02},
+           "conv": {"ms": {"sglang_conv": 0.04, "sglang_conv_commit": 0.01, "ours_conv": 0.03,
+                           "ours_conv_commit": 0.02},
                     "scratch_mib_per_request": {"sglang": 1.93, "ours": 0.64},
                     "max_abs_diff": {"output": 7.8e-3, "committed_window": 0.0}}}  # fmt: skip
     meta = {"date": "d", "commit": "c", "gpu": "g", "tp": 1}

@@ -93,15 +93,15 @@ def _gdn_tree_conv_kernel(
             acc = tl.zeros((NP, BD), tl.float32)
         w = w_ptr + feats * stride_w_dim
         # The taps oldest input first, as SGLang's decode step sums them (W is 2, 3 or 4).
+        x_tok, col = stride_x_tok, stride_state_col
         up_1 = _up(rows, parents, rows)
         if W >= 3:
             up_2 = _up(up_1, parents, rows)
             if W == 4:
-                up_3 = _up(up_2, parents, rows)
-                acc = _tap(acc, up_3, w, x, state, stride_x_tok, stride_state_col, valid, mask_f, W)
-            acc = _tap(acc, up_2, w + (W - 3) * stride_w_tap, x, state, stride_x_tok, stride_state_col, valid, mask_f, W)
-        acc = _tap(acc, up_1, w + (W - 2) * stride_w_tap, x, state, stride_x_tok, stride_state_col, valid, mask_f, W)
-        acc = _tap(acc, rows, w + (W - 1) * stride_w_tap, x, state, stride_x_tok, stride_state_col, valid, mask_f, W)
+                acc = _tap(acc, _up(up_2, parents, rows), w, x, state, x_tok, col, valid, mask_f, W)
+            acc = _tap(acc, up_2, w + (W - 3) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
+        acc = _tap(acc, up_1, w + (W - 2) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
+        acc = _tap(acc, rows, w + (W - 1) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
         # The nodes' own inputs, for the commit.
         own = tl.load(x + rows[:, None] * stride_x_tok, mask=valid[:, None] & mask_f[None, :], other=0)
         inputs = inputs_ptr + tl.load(input_rows_ptr + i_n).to(tl.int64) * stride_inputs_row
@@ -109,8 +109,8 @@ def _gdn_tree_conv_kernel(
                  mask=valid[:, None] & mask_f[None, :])  # fmt: skip
         if SILU:
             acc = acc / (1 + tl.exp(-acc))
-        o = o_ptr + i_n.to(tl.int64) * stride_o_req + feats[None, :] * stride_o_dim
-        tl.store(o + rows[:, None] * stride_o_tok, acc.to(o_ptr.dtype.element_ty), mask=valid[:, None] & mask_f[None, :])
+        o = o_ptr + i_n.to(tl.int64) * stride_o_req + feats[None, :] * stride_o_dim + rows[:, None] * stride_o_tok
+        tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=valid[:, None] & mask_f[None, :])
 
 
 @triton.jit

@@ -12,8 +12,8 @@ buffer, and the commit builds the requested nodes' windows and states from those
 the request's slot until the request's own commit replaces them. The per-request buffer holds the workspace's
 states, with one conv input per node in them, not N windows and N states (``gdn_workspace_pool``). A float32
 state buffer is required (the commit data are float32); with ``--mamba-ssm-dtype bfloat16`` the hooks (and the
-buffers' sizes) leave SGLang's path in place and say so once. Where the pool is not the package's (``--enable-unified-memory``) the conv and its
-windows stay SGLang's and only the recurrence is replaced.
+buffers' sizes) leave SGLang's path in place and say so once. Where the pool is not the package's
+(``--enable-unified-memory``) the conv and its windows stay SGLang's and only the recurrence is replaced.
 """
 
 from __future__ import annotations
