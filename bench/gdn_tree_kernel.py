@@ -32,7 +32,8 @@ import triton.testing
 from triton.runtime.errors import OutOfResources
 
 from bench.provenance import checkout_commit, write_report
-from sglang_ddtree.tree.gdn_tree_reference import random_parents, tree_links
+from sglang_ddtree.tree.gdn_tree_reference import random_parents
+from sglang_ddtree.tree.tree_reference import tree_links
 from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv, gdn_tree_conv_commit
 from sglang_ddtree.kernels.gdn_tree import (
     DEFAULT_DOT_PRECISION,

@@ -14,7 +14,8 @@ import torch
 from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
 
 from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv, gdn_tree_conv_commit
-from sglang_ddtree.tree.gdn_tree_reference import random_parents, reference_tree_conv, tree_links
+from sglang_ddtree.tree.gdn_tree_reference import random_parents, reference_tree_conv
+from sglang_ddtree.tree.tree_reference import tree_links
 from test_gdn_tree_kernels import bushy, chain, deep_with_twigs, star
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"

@@ -87,23 +87,6 @@ def reference_gdn_tree_verify(
     return out, states
 
 
-def tree_links(parents: list[int]) -> tuple[list[int], list[int]]:
-    """SGLang's ``retrieve_next_token`` (each node's smallest-index child) and ``retrieve_next_sibling`` (the next
-    larger-index child of its parent) of a tree numbered parent before child, -1 where there is none; a padding
-    node (parent -1 past the root) links nowhere."""
-    first_child, next_sibling = [-1] * len(parents), [-1] * len(parents)
-    last_child: dict[int, int] = {}
-    for node, parent in enumerate(parents):
-        if node == 0 or parent < 0:
-            continue
-        if parent in last_child:
-            next_sibling[last_child[parent]] = node
-        else:
-            first_child[parent] = node
-        last_child[parent] = node
-    return first_child, next_sibling
-
-
 def path_inputs(x: torch.Tensor, conv_state: torch.Tensor, parents: list[int], node: int, count: int) -> torch.Tensor:
     """The ``count`` inputs ending at ``node`` along its root-to-node path, oldest first, ``[dim, count]``: the
     path's own tokens (``x [dim, T]``), preceded by the persistent conv window (``conv_state [dim, W - 1]``, its

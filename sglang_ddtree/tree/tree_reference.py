@@ -105,6 +105,23 @@ def _to_int64_word(bits: int) -> int:
     return bits - (1 << 64) if bits >= (1 << 63) else bits
 
 
+def tree_links(parents: list[int]) -> tuple[list[int], list[int]]:
+    """SGLang's ``retrieve_next_token`` (each node's smallest-index child) and ``retrieve_next_sibling`` (the next
+    larger-index child of its parent) of a tree numbered parent before child, -1 where there is none; a padding
+    node (parent -1 past the root, :data:`PADDING_PARENT`) links nowhere."""
+    first_child, next_sibling = [-1] * len(parents), [-1] * len(parents)
+    last_child: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        if node == 0 or parent == PADDING_PARENT:
+            continue
+        if parent in last_child:
+            next_sibling[last_child[parent]] = node
+        else:
+            first_child[parent] = node
+        last_child[parent] = node
+    return first_child, next_sibling
+
+
 def reference_verify_tensors(
     parent: torch.Tensor,
     token: torch.Tensor,
@@ -144,14 +161,8 @@ def reference_verify_tensors(
         seq_len = int(seq_lens[b])
         draft_token[b * n : (b + 1) * n] = torch.tensor(tok)
         positions[b * n : (b + 1) * n] = seq_len + torch.tensor(dep)
-        for i in range(n):
-            children = [j for j in range(n) if par[j] == i]
-            if children:
-                next_token[b, i] = min(children)
-            if par[i] != PADDING_PARENT:
-                later = [j for j in range(i + 1, n) if par[j] == par[i]]
-                if later:
-                    next_sibling[b, i] = min(later)
+        first_child, sibling = tree_links(par)
+        next_token[b], next_sibling[b] = torch.tensor(first_child), torch.tensor(sibling)
         block = torch.zeros((n, seq_len + n), dtype=torch.bool)
         block[:, :seq_len] = True
         for i in range(n):

@@ -8,7 +8,8 @@ on every tree shape, are tests/test_gdn_tree_kernels.py and tests/test_gdn_tree_
 import pytest
 import torch
 
-from sglang_ddtree.tree.gdn_tree_reference import random_parents, tree_links
+from sglang_ddtree.tree.gdn_tree_reference import random_parents
+from sglang_ddtree.tree.tree_reference import tree_links
 from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
 from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv, gdn_tree_conv_commit
 
