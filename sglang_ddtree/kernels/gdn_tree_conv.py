@@ -69,7 +69,7 @@ def _tap(acc, source, w_tap, x, state, stride_x_tok, stride_state_col, valid, ma
 def _gdn_tree_conv_kernel(
     x_ptr, stride_x_req, stride_x_dim, stride_x_tok, w_ptr, stride_w_dim, stride_w_tap, bias_ptr,
     state_ptr, stride_state_slot, stride_state_dim, stride_state_col, state_indices_ptr,
-    next_token_ptr, next_sibling_ptr, stride_links, parents_ptr, stride_parents,
+    next_token_ptr, stride_next_token, next_sibling_ptr, stride_next_sibling, parents_ptr, stride_parents,
     inputs_ptr, stride_inputs_row, input_rows_ptr, o_ptr, stride_o_req, stride_o_dim, stride_o_tok, T, dim,
     W: tl.constexpr, NP: tl.constexpr, JUMPS: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
@@ -77,8 +77,8 @@ def _gdn_tree_conv_kernel(
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, NP)
     valid = rows < T
-    parents = _tree_parents(next_token_ptr + i_n * stride_links, next_sibling_ptr + i_n * stride_links, rows, valid,
-                            JUMPS)  # fmt: skip
+    parents = _tree_parents(next_token_ptr + i_n * stride_next_token, next_sibling_ptr + i_n * stride_next_sibling,
+                            rows, valid, JUMPS)  # fmt: skip
     if i_d == 0:  # a padded request's too: the recurrence after this reads every request's
         tl.store(parents_ptr + i_n * stride_parents + rows, parents, mask=valid)
     slot = tl.load(state_indices_ptr + i_n).to(tl.int64)
@@ -174,8 +174,8 @@ def gdn_tree_conv(
     out = torch.empty_like(x)
     _gdn_tree_conv_kernel[(triton.cdiv(dim, BD), bs)](
         x, *x.stride(), weight, *weight.stride(), bias, conv_states, *conv_states.stride(), state_indices,
-        next_token, next_sibling, next_token.stride(0), parents, parents.stride(0), inputs, inputs.stride(0),
-        input_rows, out, *out.stride(), T, dim, W=W, NP=NP, JUMPS=NP.bit_length(), BD=BD,
+        next_token, next_token.stride(0), next_sibling, next_sibling.stride(0), parents, parents.stride(0), inputs,
+        inputs.stride(0), input_rows, out, *out.stride(), T, dim, W=W, NP=NP, JUMPS=NP.bit_length(), BD=BD,
         HAS_BIAS=bias is not None, SILU=activation not in (None, False), num_warps=warps,
     )  # fmt: skip
     return out
