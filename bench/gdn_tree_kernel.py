@@ -3,12 +3,12 @@
 
 SGLang: ``fused_sigmoid_gating_delta_rule_update`` with ``retrieve_parent_token`` writes every node's fp32 state
 into an intermediate buffer; its commit copies the last accepted node's state into the pool. Ours: the WY-form
-verify from the root state (its factor kernel also timed alone: the part the values do not enter), then the
-commit builds the accepted path's state. The conv before it likewise: SGLang's ``causal_conv1d_update`` with the
-tree's links writes every node's bf16 window, its commit copies one; ours writes every node's input and its
-commit assembles the accepted node's window. Per (bs, T), median of ``triton.testing.do_bench``; the per-request
-scratch each needs; and the largest differences between the two (outputs, committed states and windows) on the
-same bf16 inputs and fp32 states.
+verify from the root state (its factor kernel also timed alone: the part the values do not enter; and, where it
+sets the root apart, the same verify with the root in the rows), then the commit builds the accepted path's
+state. The conv before it likewise: SGLang's ``causal_conv1d_update`` with the tree's links writes every node's
+bf16 window, its commit copies one; ours writes every node's input and its commit assembles the accepted node's
+window. Per (bs, T), median of ``triton.testing.do_bench``; the per-request scratch each needs; and the largest
+differences between the two (outputs, committed states and windows) on the same bf16 inputs and fp32 states.
 
     python -m bench.gdn_tree_kernel --out bench/results/gdn_tree_kernel [--launch-configs 32x4,64x8,32x8:tf32x3]
 
@@ -41,6 +41,7 @@ from sglang_ddtree.kernels.gdn_tree import (
     build_factors,
     gdn_tree_commit,
     gdn_tree_verify,
+    root_apart_pads_fewer_rows,
     workspace_numel,
 )
 
@@ -129,10 +130,15 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
     def ours_commit() -> None:
         gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots)
 
-    times = {name: triton.testing.do_bench(fn, return_mode="median")
-             for name, fn in (("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit),
-                              ("ours_verify", ours_verify), ("ours_factor", ours_factor),
-                              ("ours_commit", ours_commit))}  # fmt: skip
+    def ours_verify_root_in_rows() -> torch.Tensor:  # the A/B of setting the root apart, where the kernel does
+        return gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace,
+                               torch.arange(bs, device=dev), scale, root_apart=False)  # fmt: skip
+
+    timed = [("sglang_verify", sglang_verify), ("sglang_commit", sglang_commit), ("ours_verify", ours_verify),
+             ("ours_factor", ours_factor), ("ours_commit", ours_commit)]
+    if root_apart_pads_fewer_rows(T):
+        timed.append(("ours_verify_root_in_rows", ours_verify_root_in_rows))
+    times = {name: triton.testing.do_bench(fn, return_mode="median") for name, fn in timed}
     swept = {}
     for block_v, warps, precision in launches:
         launch = {"block_v": block_v, "num_warps": warps, "dot_precision": precision}
@@ -232,16 +238,19 @@ def markdown(report: dict) -> str:
         f"{VALUE_HEADS // meta['tp']} value heads of {HEAD_DIM} (TP {meta['tp']}) · bf16 inputs, fp32 states",
         "",
         "| tree | bs | T | SGLang verify ms | + commit | ours verify ms | of which factor | + commit | ratio | scratch "
-        "MiB / request SGLang / ours | max abs diff out / state |",
-        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "MiB / request SGLang / ours | max abs diff out / state | ours verify, root in rows |",
+        "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in report["rows"]:
         ms, mem, diff = r["ms"], r["scratch_mib_per_request"], r["max_abs_diff"]
         theirs, ours = ms["sglang_verify"] + ms["sglang_commit"], ms["ours_verify"] + ms["ours_commit"]
         factor = f"{ms['ours_factor']:.3f}" if "ours_factor" in ms else "–"  # not timed before 2026-12-04's last run
+        # timed where the root is set apart (from 2026-12-05): the same verify with the root in the rows
+        in_rows = f"{ms['ours_verify_root_in_rows']:.3f}" if "ours_verify_root_in_rows" in ms else "–"
         lines.append(f"| {r['tree']} | {r['bs']} | {r['T']} | {ms['sglang_verify']:.3f} | {ms['sglang_commit']:.3f} | "
                      f"{ms['ours_verify']:.3f} | {factor} | {ms['ours_commit']:.3f} | {theirs / ours:.2f}x | "
-                     f"{mem['sglang']:.1f} / {mem['ours']:.2f} | {diff['output']:.2e} / {diff['committed_state']:.2e} |")
+                     f"{mem['sglang']:.1f} / {mem['ours']:.2f} | {diff['output']:.2e} / {diff['committed_state']:.2e} | "
+                     f"{in_rows} |")
     convs = [r for r in report["rows"] if "conv" in r]  # timed from 2026-12-05
     if convs:
         lines += ["", "The conv before it, ms (verify / commit; SGLang writes a window per node, ours an input):", "",

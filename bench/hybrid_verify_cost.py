@@ -95,7 +95,7 @@ ZLAB_DRAFTER = {
     "max_position_embeddings": 262144, "tie_word_embeddings": False, "initializer_range": 0.02,
 }  # fmt: skip
 MODELS = {"qwen36_27b": QWEN36_27B, "attention_twin": ATTENTION_TWIN, "zlab_drafter": ZLAB_DRAFTER}
-WIDTHS = (8, 16, 32, 33, 65)  # 32: the widest whose GDN tree verify pads to 32 rows, not 64 (kernels/gdn_tree.py)
+WIDTHS = (8, 16, 33, 65)
 GIB = 1 << 30
 
 
@@ -132,7 +132,7 @@ def default_configs() -> list[Config]:
         ddtree(65, "bfloat16"), ddtree(8), ddtree(65, model="attention_twin", prefix="attention-only "),
         Config("attention-only dflash", "attention_twin", "dflash", 16), ddtree(16, "bfloat16"),
         Config("mtp ssm bf16", "qwen36_27b", "mtp", 4, "bfloat16"),
-        *[Config(f"ddtree N={w} wy", "qwen36_27b", "ddtree", w, env={WY_VERIFY_ENV: "1"}) for w in (33, 32, 16, 65)],
+        *[Config(f"ddtree N={w} wy", "qwen36_27b", "ddtree", w, env={WY_VERIFY_ENV: "1"}) for w in (33, 16, 65)],
         # the attention layers' tree verify as before the split (one FULL mask over prefix + tree), for its A/B
         Config("ddtree N=33 full mask", "qwen36_27b", "ddtree", 33, env={SPLIT_VERIFY_ENV: "0"}),
     ]  # fmt: skip

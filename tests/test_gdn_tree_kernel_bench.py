@@ -31,6 +31,11 @@ def test_the_report_gives_each_launch_its_verify_and_commit_times_or_says_it_doe
                          "64x8:tf32x3": {"error": "out of resource: shared memory, Required: 262144"}}}  # fmt: skip
     text = gdn_tree_kernel.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "tp": 1}, "rows": [row]})
     assert "| bushy | 1 | 33 | 0.080 | 0.010 | 2.000 | 1.500 | 0.160 | 0.04x |" in text
+    assert "| 1.00e-03 / 1.00e-05 | – |" in text  # not timed with the root in the rows: a report from before
+    row["ms"]["ours_verify_root_in_rows"] = 2.5
+    assert "| 1.00e-03 / 1.00e-05 | 2.500 |" in gdn_tree_kernel.markdown({"meta": {"date": "d", "commit": "c",
+                                                                                  "gpu": "g", "tp": 1},
+                                                                         "rows": [row]})  # fmt: skip
     assert "| tree | bs | T | 32x4 | 16x8:tf32x3 | 64x8:tf32x3 |" in text
     assert "| bushy | 1 | 33 | 2.000 / 0.160 | 0.900 / 0.100 (2.0e-04 / 3.0e-06) | does not launch |" in text
     assert "per launch" not in gdn_tree_kernel.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "tp": 1},

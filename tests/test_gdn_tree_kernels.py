@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sglang_ddtree.tree.gdn_tree_reference import random_parents, reference_gdn_tree_verify
-from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, workspace_numel
+from sglang_ddtree.kernels.gdn_tree import gdn_tree_commit, gdn_tree_verify, root_apart_pads_fewer_rows, workspace_numel
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -62,7 +62,7 @@ def layer_inputs(bs: int, T: int, seed: int, gating: str, same_key: bool = False
 
 
 def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch.Tensor, capacity: int,
-           launch: Optional[dict] = None) -> tuple:  # fmt: skip
+           launch: Optional[dict] = None, root_apart: Optional[bool] = None) -> tuple:  # fmt: skip
     """The kernel's outputs and the workspace it filled (one row per request, in an SGLang-sized buffer of
     per-node snapshots for trees of ``capacity`` nodes, as the DDTREE hook uses it)."""
     bs = parents.shape[0]
@@ -70,14 +70,15 @@ def verify(inputs: dict, pool: torch.Tensor, slots: torch.Tensor, parents: torch
     out = gdn_tree_verify(**{n: t.to(DEVICE) for n, t in inputs.items()}, ssm_states=pool, cache_indices=slots,
                           parents=parents.to(torch.int64).to(DEVICE), workspace=workspace,  # SGLang's dtype
                           workspace_indices=torch.arange(bs, device=DEVICE), scale=K**-0.5,
-                          capacity=capacity, **(launch or {}))  # fmt: skip
+                          capacity=capacity, root_apart=root_apart, **(launch or {}))  # fmt: skip
     return out, workspace
 
 
 def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int = 0, capacity: int = 0,
-        launch: Optional[dict] = None, same_key: bool = False) -> None:  # fmt: skip
+        launch: Optional[dict] = None, same_key: bool = False, root_apart: Optional[bool] = None) -> None:  # fmt: skip
     """``capacity``: the widest tree the workspace is laid out for (0: this tree's own width); ``launch``: the
-    kernels' ``block_v`` / ``num_warps`` (default: theirs)."""
+    kernels' ``block_v`` / ``num_warps`` (default: theirs); ``root_apart``: the root solved before the other rows,
+    or as one of them (default: the kernel's choice, apart where that pads to fewer rows)."""
     launch = launch or {}
     bs, T = len(parents_per_request), len(parents_per_request[0])
     capacity = capacity or T
@@ -92,7 +93,7 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     pool[slots] = initial
     untouched = pool.clone()
     pool_d, slots_d = pool.to(DEVICE), slots.to(DEVICE)
-    out, workspace = verify(inputs, pool_d, slots_d, parents, capacity, launch)
+    out, workspace = verify(inputs, pool_d, slots_d, parents, capacity, launch, root_apart)
     torch.testing.assert_close(out.cpu(), want_out, **TOLERANCE)
     assert torch.equal(pool_d.cpu(), untouched)  # the verify writes no state
 
@@ -110,10 +111,11 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     torch.testing.assert_close(committed[spare], want_states[-1, track_node[-1]], **TOLERANCE)
 
 
+@pytest.mark.parametrize("root_apart", [True, False], ids=["root-apart", "root-in-rows"])
 @pytest.mark.parametrize("shape", [chain, star, deep_with_twigs], ids=["chain", "star", "deep-with-twigs"])
-@pytest.mark.parametrize("T", [2, 5, 17, 33, 65])  # its root and at least one node; 65: solved in blocks of 32 rows
-def test_every_node_gets_its_paths_recurrence_and_the_commit_its_state(shape, T):
-    run([shape(T), shape(T)], seed=T)
+@pytest.mark.parametrize("T", [2, 5, 17, 33, 65])  # its root and at least one node; 65 in rows: blocks of 32 rows
+def test_every_node_gets_its_paths_recurrence_and_the_commit_its_state(shape, T, root_apart):
+    run([shape(T), shape(T)], seed=T, root_apart=root_apart)
 
 
 def test_a_narrower_tree_verified_in_a_workspace_laid_out_for_the_widest_commits_the_same_states():
@@ -138,17 +140,27 @@ def test_decay_and_write_strength_near_their_limits(gating):
     run([bushy(17, seed=1), chain(17)], gating=gating, seed=2)
 
 
+@pytest.mark.parametrize("root_apart", [True, False], ids=["root-apart", "root-in-rows"])
 @pytest.mark.parametrize("T", [33, 65])
-def test_a_repeated_token_written_at_full_strength_down_a_deep_chain(T):
+def test_a_repeated_token_written_at_full_strength_down_a_deep_chain(T, root_apart):
     """Identical keys with no decay and beta ~1 down 32 or 64 levels: the tree's triangular system at its worst
-    conditioning (every off-diagonal entry ~1), solved level by level as the recurrence would (at 65 nodes across
-    blocks of rows)."""
-    run([chain(T), deep_with_twigs(T)], gating="keep", seed=9, same_key=True)
+    conditioning (every off-diagonal entry ~1), solved level by level as the recurrence would (at 65 nodes with the
+    root in the rows, across blocks of rows)."""
+    run([chain(T), deep_with_twigs(T)], gating="keep", seed=9, same_key=True, root_apart=root_apart)
 
 
-def test_a_batch_of_different_bushy_trees_of_65_nodes():
-    """A budget-64 DDTree: ``T`` pads to 128 rows, and the ancestor bits span two words."""
-    run([bushy(65, seed=s) for s in range(3)], seed=5)
+@pytest.mark.parametrize("root_apart", [True, False], ids=["root-apart", "root-in-rows"])
+def test_a_batch_of_different_bushy_trees_of_65_nodes(root_apart):
+    """A budget-64 DDTree: ``T`` pads to 64 rows with the root apart, 128 with it in the rows."""
+    run([bushy(65, seed=s) for s in range(3)], seed=5, root_apart=root_apart)
+
+
+@pytest.mark.parametrize("T, apart", [(2, False), (16, False), (17, True), (32, False), (33, True), (65, True),
+                                      (66, False)])  # fmt: skip
+def test_the_root_is_set_apart_where_the_drafted_nodes_alone_pad_to_fewer_rows(T, apart):
+    """A DDTree of budget 16, 32 or 64 has 17, 33 or 65 nodes: one past a power of two, its drafted nodes alone
+    pad to half the rows."""
+    assert root_apart_pads_fewer_rows(T) == apart
 
 
 def test_commit_of_the_root_alone_is_one_recurrence_step():

@@ -27,7 +27,11 @@ then one program per (request, value head, ``BV`` value columns) applies them: `
 S0)``, ``o = gamma Q S0 + P u``. Keys, queries and states are read in chunks of 32 key columns, so no program
 holds an ``[NP, K]`` tile whole (the earlier single kernel did, once per value block; 8 warps instead of 4 halved
 its time, ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is padded to a power of two ``NP >= 16``
-(``tl.dot``'s minimum); the products in three-pass TF32 (IEEE fp32 on request, ``DOT_PRECISIONS``).
+(``tl.dot``'s minimum); the products in three-pass TF32 (IEEE fp32 on request, ``DOT_PRECISIONS``). The padded
+width decides the cost (run 69: 0.053 ms at 16 rows, 0.088 at 64, batch 1), and a DDTree's width is one past a
+power of two (a budget of 32 drafted nodes and the root), so where that saves rows the root is set apart
+(:func:`root_apart_pads_fewer_rows`): it is every node's ancestor, so its ``u`` is solved first from ``S0``
+alone, the other rows take it in through one coupling each in ``A`` and ``P``, and 33 nodes pad to 32 rows.
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
@@ -88,19 +92,34 @@ def _workspace_offsets(T, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
 
 
 @triton.jit
-def _factor_numel(NP: tl.constexpr):
+def _factor_numel(NP: tl.constexpr, ROOT: tl.constexpr):
     """Floats of one (request, value head)'s factors: ``(I + A)^-1``, ``P``, then per row ``beta``, ``gamma / |k|``
-    and ``gamma scale / |q|`` (the apply kernel's products use the raw keys and queries)."""
-    return 2 * NP * NP + 3 * NP
+    and ``gamma scale / |q|`` (the apply kernel's products use the raw keys and queries); with the root apart, per
+    row its coupling to the root in ``A`` (without ``beta``) and in ``P``, then the root's ``beta``, ``gamma /
+    |k|``, ``gamma scale / |q|`` and ``P``."""
+    return 2 * NP * NP + 3 * NP + ROOT * (2 * NP + 4)
 
 
 @triton.jit
-def _program_tree(i_nh, T, H: tl.constexpr, HV: tl.constexpr, NP: tl.constexpr):
-    """A (request, value head) program's request, value head, key head, padded rows, their mask and their token
-    indices in the ``[bs * T, ...]`` inputs."""
+def _program_tree(i_nh, T, H: tl.constexpr, HV: tl.constexpr, NP: tl.constexpr, ROOT: tl.constexpr):
+    """A (request, value head) program's request, value head, key head, padded rows (the tree's nodes from
+    ``ROOT`` on: past the root when it is apart), their mask and their token indices in the ``[bs * T, ...]``
+    inputs."""
     i_n, i_hv = i_nh // HV, i_nh % HV
     rows = tl.arange(0, NP)
-    return i_n, i_hv, i_hv // (HV // H), rows, rows < T, (i_n * T + rows).to(tl.int64)
+    return i_n, i_hv, i_hv // (HV // H), rows, rows + ROOT < T, (i_n * T + rows + ROOT).to(tl.int64)
+
+
+@triton.jit
+def _gates(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, tok, valid, i_hv, softplus_beta, softplus_threshold,
+           HV: tl.constexpr):  # fmt: skip
+    """Log-decay ``g`` and write strength ``beta`` of the tokens ``tok`` in value head ``i_hv``."""
+    x = tl.load(a_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32)
+    x += tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+    softplus = tl.where(softplus_beta * x <= softplus_threshold,
+                        tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)  # fmt: skip
+    g = tl.where(valid, -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32)) * softplus, 0.0)
+    return g, tl.sigmoid(tl.load(b_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32))
 
 
 @triton.jit
@@ -126,7 +145,7 @@ def _gdn_tree_factor_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr,
     scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BR: tl.constexpr,
-    BK: tl.constexpr, DOT: tl.constexpr,
+    BK: tl.constexpr, DOT: tl.constexpr, ROOT: tl.constexpr,
 ):  # fmt: skip
     """Per (request, value head): what does not depend on the values. ``(I + A)^-1``, with ``A[i, j] = beta_i
     exp(G_i - G_j) (k_i . k_j)`` over ``j`` a strict ancestor of ``i``, so that ``u = (I + A)^-1 (beta (v - gamma
@@ -134,27 +153,27 @@ def _gdn_tree_factor_kernel(
     u``; both to ``factors`` with each row's ``beta``, ``gamma / |k|`` and ``gamma scale / |q|``. To the workspace:
     ``G``, the unit keys and (once per request) the parents.
 
-    ``BR`` rows at a time (all of them up to 64 nodes): each block's ``A`` and ``P`` rows, then its rows of the
+    With the root apart (``ROOT = 1``) the rows are the drafted nodes only: the root, every node's ancestor, is
+    solved first by the apply kernel (its ``u`` needs no other node's), and its column of ``A`` and of ``P`` are
+    kept as one coupling per row. A tree of 2^n + 1 nodes then pads to 2^n rows instead of 2^(n + 1).
+
+    ``BR`` rows at a time (all of them up to 64 rows): each block's ``A`` and ``P`` rows, then its rows of the
     inverse, from the blocks above it (parents come before children) and, within the block, one tree level at a
     time. Past one block ``factors`` holds a block's ``A`` rows until the inverse's replace them; rows one program
     stores and then loads again cross a barrier."""
     i_nh = tl.program_id(0)
-    i_n, i_hv, i_h, _, _, _ = _program_tree(i_nh, T, H, HV, NP)
-    cols = tl.arange(0, NP)
-    valid_c = cols < T
-    tok_c = (i_n * T + cols).to(tl.int64)
+    i_n, i_hv, i_h, cols, valid_c, tok_c = _program_tree(i_nh, T, H, HV, NP, ROOT)
+    nodes_c = cols + ROOT  # the tree's node each column stands for
     req_parents = parents_ptr + i_n.to(tl.int64) * T
     ws = ws_ptr + tl.load(ws_indices_ptr + i_n).to(tl.int64) * stride_ws
     off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
-    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP, ROOT)
     square = factors + cols[None, :]  # + row * NP: a row of A, then of the inverse
     p_rows = factors + NP * NP + cols[None, :]
 
     # Per node: its log-decay g, write strength beta and 1 / |k|; the unit keys and the parents to the workspace.
-    x = tl.load(a_ptr + tok_c * HV + i_hv, mask=valid_c, other=0).to(tl.float32) + tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-    softplus = tl.where(softplus_beta * x <= softplus_threshold, tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)
-    g_c = tl.where(valid_c, -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32)) * softplus, 0.0)
-    beta_c = tl.sigmoid(tl.load(b_ptr + tok_c * HV + i_hv, mask=valid_c, other=0).to(tl.float32))
+    g_c, beta_c = _gates(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, tok_c, valid_c, i_hv, softplus_beta,
+                         softplus_threshold, HV)  # fmt: skip
     k_sq = tl.zeros([NP], dtype=tl.float32)
     for c in range(0, K, BK):
         b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, c + tl.arange(0, BK), H, K)
@@ -163,33 +182,72 @@ def _gdn_tree_factor_kernel(
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
         b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, o_k, H, K)
-        tl.store(ws + off_k + (cols[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k_c[:, None],
+        tl.store(ws + off_k + (nodes_c[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k_c[:, None],
                  mask=valid_c[:, None])  # fmt: skip
     if i_hv == 0:
-        tl.store(ws + off_p + cols, tl.load(req_parents + cols, mask=valid_c & (cols > 0), other=-1).to(tl.float32),
-                 mask=valid_c)  # fmt: skip
+        tl.store(ws + off_p + nodes_c, tl.load(req_parents + nodes_c, mask=valid_c & (nodes_c > 0), other=-1).to(
+            tl.float32), mask=valid_c)  # fmt: skip
     tl.store(factors + 2 * NP * NP + cols, beta_c)
+    if ROOT:  # the root's gates, norms and unit key; its G is its own log-decay
+        tok_0 = (i_n * T).to(tl.int64)
+        lane_0 = tl.arange(0, 2) == 0  # the gates of one token, as a vector of two lanes
+        g_0, beta_0 = _gates(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, tok_0 + tl.zeros([2], tl.int64), lane_0, i_hv,
+                             softplus_beta, softplus_threshold, HV)  # fmt: skip
+        g_0, beta_0 = tl.sum(g_0, 0), tl.sum(tl.where(lane_0, beta_0, 0.0), 0)
+        k0_sq = tl.zeros([BK], dtype=tl.float32)
+        q0_sq = tl.zeros([BK], dtype=tl.float32)
+        qk_00 = tl.zeros([BK], dtype=tl.float32)
+        for c in range(0, K, BK):
+            o_k = c + tl.arange(0, BK)
+            b_k0 = tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+            b_q0 = tl.load(q_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+            k0_sq += b_k0 * b_k0
+            q0_sq += b_q0 * b_q0
+            qk_00 += b_q0 * b_k0
+        inv_k0, inv_q0 = 1.0 / tl.sqrt(tl.sum(k0_sq, 0) + 1e-6), scale / tl.sqrt(tl.sum(q0_sq, 0) + 1e-6)
+        qk_00 = tl.sum(qk_00, 0)
+        for c in range(0, K, BK):
+            o_k = c + tl.arange(0, BK)
+            b_k0 = tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+            tl.store(ws + off_k + i_hv * K + o_k, b_k0 * inv_k0)
+        tl.store(ws + off_g + i_hv, g_0)
+        if i_hv == 0:
+            tl.store(ws + off_p, -1.0)
+        root_scalars = factors + 2 * NP * NP + 5 * NP
+        tl.store(root_scalars, beta_0)
+        tl.store(root_scalars + 1, tl.exp(g_0) * inv_k0)
+        tl.store(root_scalars + 2, tl.exp(g_0) * inv_q0)
+        tl.store(root_scalars + 3, qk_00 * inv_q0 * inv_k0)
 
     for r0 in tl.static_range(0, NP, BR):
         rows = r0 + tl.arange(0, BR)
-        valid = rows < T
-        tok = (i_n * T + rows).to(tl.int64)
-        anc = _ancestors(req_parents, rows, valid, cols)
+        valid = rows + ROOT < T
+        tok = (i_n * T + rows + ROOT).to(tl.int64)
+        anc = _ancestors(req_parents, rows + ROOT, valid, nodes_c)  # the root is no row's: node 0 is no column
         b_G = tl.sum(tl.where(anc, g_c[None, :], 0.0), 1)  # the log-decay summed along each row's path
-        tl.store(ws + off_g + rows * HV + i_hv, b_G, mask=valid)
+        if ROOT:
+            b_G += g_0
+        tl.store(ws + off_g + (rows + ROOT) * HV + i_hv, b_G, mask=valid)
         tl.debug_barrier()
-        G_c = tl.load(ws + off_g + cols * HV + i_hv, mask=valid_c & (cols < r0 + BR), other=0)
+        G_c = tl.load(ws + off_g + nodes_c * HV + i_hv, mask=valid_c & (cols < r0 + BR), other=0)
         decay = tl.exp(tl.where(anc, b_G[:, None] - G_c[None, :], float("-inf")))  # exp(G_i - G_j) on the path
         qk = tl.zeros([BR, NP], dtype=tl.float32)
         kk = tl.zeros([BR, NP], dtype=tl.float32)
         q_sq = tl.zeros([BR], dtype=tl.float32)
+        qk_0 = tl.zeros([BR], dtype=tl.float32)
+        kk_0 = tl.zeros([BR], dtype=tl.float32)
         for c in range(0, K, BK):  # key chunks: no [nodes, K] tile is ever whole
             o_k = c + tl.arange(0, BK)
             b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
             b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, o_k, H, K)
+            b_k_rows = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
             qk += tl.dot(b_q, tl.trans(b_k), input_precision=DOT)
-            kk += tl.dot(_head_columns(k_ptr, tok, valid, i_h, o_k, H, K), tl.trans(b_k), input_precision=DOT)
+            kk += tl.dot(b_k_rows, tl.trans(b_k), input_precision=DOT)
             q_sq += tl.sum(b_q * b_q, 1)
+            if ROOT:
+                b_k0 = tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+                qk_0 += tl.sum(b_q * b_k0[None, :], 1)
+                kk_0 += tl.sum(b_k_rows * b_k0[None, :], 1)
         inv_q = scale / tl.sqrt(q_sq + 1e-6)
         inv_k = tl.sum(tl.where(cols[None, :] == rows[:, None], inv_k_c[None, :], 0.0), 1)
         beta = tl.sum(tl.where(cols[None, :] == rows[:, None], beta_c[None, :], 0.0), 1)
@@ -199,6 +257,10 @@ def _gdn_tree_factor_kernel(
         gamma = tl.exp(b_G)
         tl.store(factors + 2 * NP * NP + NP + rows, gamma * inv_k)
         tl.store(factors + 2 * NP * NP + 2 * NP + rows, gamma * inv_q)
+        if ROOT:  # each row's coupling to the root: its A entry without beta, its P entry
+            to_root = tl.where(valid, tl.exp(b_G - g_0), 0.0) * inv_k0
+            tl.store(factors + 2 * NP * NP + 3 * NP + rows, to_root * kk_0 * inv_k)
+            tl.store(factors + 2 * NP * NP + 4 * NP + rows, to_root * qk_0 * inv_q)
 
         # These rows of (I + A)^-1 by forward substitution: a node's row is its unit row minus its ancestors' rows
         # weighted by A; ancestors above the block are inverted already, those within it sit at smaller depths.
@@ -230,12 +292,13 @@ def _gdn_tree_apply_kernel(
     q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr, o_ptr,
     T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
-    BK: tl.constexpr, DOT: tl.constexpr,
+    BK: tl.constexpr, DOT: tl.constexpr, ROOT: tl.constexpr,
 ):  # fmt: skip
     """Per (request, value head, ``BV`` value columns): ``u = (I + A)^-1 beta (v - gamma K S0)``, ``o = gamma Q S0
-    + P u`` with the factor kernel's inverse, ``P`` and row scales; ``u`` to the workspace."""
+    + P u`` with the factor kernel's inverse, ``P`` and row scales; ``u`` to the workspace. With the root apart its
+    ``u`` comes first (``beta_0 (v_0 - gamma_0 k_0 S0)``), and enters the other rows through their couplings."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP)
+    i_n, i_hv, i_h, rows, valid, tok = _program_tree(i_nh, T, H, HV, NP, ROOT)
     cols = tl.arange(0, NP)
     o_v = i_v * BV + tl.arange(0, BV)
     mask_v = o_v < V
@@ -243,8 +306,11 @@ def _gdn_tree_apply_kernel(
     off_u, off_g, off_k, off_p = _workspace_offsets(T_LAYOUT, HV, K, V)
 
     slot = tl.load(h0_indices_ptr + i_n).to(tl.int64)
+    tok_0 = (i_n * T).to(tl.int64)
     q_h0 = tl.zeros([NP, BV], dtype=tl.float32)
     k_h0 = tl.zeros([NP, BV], dtype=tl.float32)
+    q0_h0 = tl.zeros([BV], dtype=tl.float32)
+    k0_h0 = tl.zeros([BV], dtype=tl.float32)
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
         b_h0 = tl.load(h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None],
@@ -253,18 +319,32 @@ def _gdn_tree_apply_kernel(
         b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
         q_h0 += tl.dot(b_q, b_h0, input_precision=DOT)
         k_h0 += tl.dot(b_k, b_h0, input_precision=DOT)
+        if ROOT:  # the root's row: one vector-matrix product each, beside the padded tiles
+            q0_h0 += tl.sum(tl.load(q_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)[:, None] * b_h0, 0)
+            k0_h0 += tl.sum(tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)[:, None] * b_h0, 0)
     b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                   other=0).to(tl.float32)  # fmt: skip
-    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP)
+    factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP, ROOT)
     square = rows[:, None] * NP + cols[None, :]
     beta = tl.load(factors + 2 * NP * NP + rows)
     key_scale = tl.load(factors + 2 * NP * NP + NP + rows)  # gamma / |k|: raw keys and queries times S0 above
     query_scale = tl.load(factors + 2 * NP * NP + 2 * NP + rows)  # gamma * scale / |q|
-    b_u = tl.dot(tl.load(factors + square), beta[:, None] * (b_v - key_scale[:, None] * k_h0), input_precision=DOT)
+    residual = b_v - key_scale[:, None] * k_h0
+    if ROOT:
+        root_scalars = factors + 2 * NP * NP + 5 * NP
+        v_0 = tl.load(v_ptr + (tok_0 * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+        u_0 = tl.load(root_scalars) * (v_0 - tl.load(root_scalars + 1) * k0_h0)
+        residual -= tl.load(factors + 2 * NP * NP + 3 * NP + rows)[:, None] * u_0[None, :]
+    b_u = tl.dot(tl.load(factors + square), beta[:, None] * residual, input_precision=DOT)
     b_o = query_scale[:, None] * q_h0 + tl.dot(tl.load(factors + NP * NP + square), b_u, input_precision=DOT)
+    if ROOT:
+        b_o += tl.load(factors + 2 * NP * NP + 4 * NP + rows)[:, None] * u_0[None, :]
+        o_0 = tl.load(root_scalars + 2) * q0_h0 + tl.load(root_scalars + 3) * u_0
+        tl.store(o_ptr + (tok_0 * HV + i_hv) * V + o_v, o_0.to(o_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(ws + off_u + i_hv * V + o_v, u_0, mask=mask_v)
     out_mask = valid[:, None] & mask_v[None, :]
     tl.store(o_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o_ptr.dtype.element_ty), mask=out_mask)
-    tl.store(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
+    tl.store(ws + off_u + ((rows[:, None] + ROOT) * HV + i_hv) * V + o_v[None, :], b_u, mask=out_mask)
 
 
 @triton.jit
@@ -314,6 +394,12 @@ def _padded_nodes(T: int) -> int:
     return max(16, triton.next_power_of_2(T))
 
 
+def root_apart_pads_fewer_rows(T: int) -> bool:
+    """Whether a tree of ``T`` nodes has fewer padded rows with its root apart: a DDTree's ``B`` drafted nodes and
+    its root, with ``B`` a power of two of at least 16 (``--budget 32``: 32 rows instead of 64)."""
+    return T > 1 and _padded_nodes(T - 1) < _padded_nodes(T)
+
+
 def gdn_tree_verify(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -334,6 +420,7 @@ def gdn_tree_verify(
     block_v: Optional[int] = None,
     num_warps: Optional[int] = None,
     dot_precision: str = DEFAULT_DOT_PRECISION,
+    root_apart: Optional[bool] = None,
 ) -> torch.Tensor:
     """Every tree node's output ``[bs, T, HV, V]`` of one GDN layer, from the requests' states
     (``ssm_states[cache_indices]``, read only); request ``n``'s commit data goes to ``workspace[
@@ -342,7 +429,8 @@ def gdn_tree_verify(
     ``T``, so that a server whose steps verify trees of different widths (``--budget auto``) commits from one
     layout, its widest. ``block_v`` (value columns per program) and ``num_warps``: the apply kernel's launch
     (default :func:`_apply_launch`); ``dot_precision``: one of :data:`DOT_PRECISIONS`; both for
-    ``bench.gdn_tree_kernel``'s sweep."""
+    ``bench.gdn_tree_kernel``'s sweep. ``root_apart``: solve the root before the other nodes instead of as one of
+    their rows (default :func:`root_apart_pads_fewer_rows`; both for the tests and the bench's A/B)."""
     bs, T, H, K = q.shape
     layout = T if capacity is None else capacity
     if layout < T:
@@ -357,16 +445,17 @@ def gdn_tree_verify(
                          f"elements per request, got {workspace.dtype} rows of {row}")  # fmt: skip
     if dot_precision not in DOT_PRECISIONS:
         raise ValueError(f"gdn_tree_verify: dot_precision must be one of {DOT_PRECISIONS}, got '{dot_precision}'")
-    NP, BK = _padded_nodes(T), min(K, _BK)
+    root = int(root_apart_pads_fewer_rows(T) if root_apart is None else root_apart and T > 1)
+    NP, BK = _padded_nodes(T - root), min(K, _BK)
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
     q, k = q.contiguous(), k.contiguous()
     factors = build_factors(q, k, a, b, A_log, dt_bias, parents, workspace, workspace_indices, HV, V, scale,
-                            softplus_beta, softplus_threshold, layout, dot_precision)  # fmt: skip
+                            softplus_beta, softplus_threshold, layout, dot_precision, bool(root))  # fmt: skip
     o = torch.empty_like(v)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q, k, v.contiguous(), ssm_states, cache_indices, ssm_states.stride(0), workspace, workspace_indices, row,
-        factors, o, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, DOT=dot_precision,
+        factors, o, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, DOT=dot_precision, ROOT=root,
         num_warps=num_warps,
     )  # fmt: skip
     return o
@@ -376,17 +465,19 @@ def build_factors(
     q: torch.Tensor, k: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
     parents: torch.Tensor, workspace: torch.Tensor, workspace_indices: torch.Tensor, HV: int, V: int, scale: float,
     softplus_beta: float, softplus_threshold: float, layout: int, dot_precision: str,
+    root_apart: Optional[bool] = None,
 ) -> torch.Tensor:  # fmt: skip
     """The factor kernel's launch alone (:func:`gdn_tree_verify` checks the arguments first): ``[bs * HV, 2 NP^2 + 3
-    NP]`` factors, per layer call; ``G``, unit keys and parents into the workspace. Public for
-    ``bench.gdn_tree_kernel``, which times it apart from the apply kernel."""
+    NP (+ 2 NP + 4 with the root apart)]`` factors, per layer call; ``G``, unit keys and parents into the workspace.
+    Public for ``bench.gdn_tree_kernel``, which times it apart from the apply kernel."""
     bs, T, H, K = q.shape
-    NP = _padded_nodes(T)
-    factors = torch.empty(bs * HV, 2 * NP * NP + 3 * NP, dtype=torch.float32, device=q.device)
+    root = int(root_apart_pads_fewer_rows(T) if root_apart is None else root_apart and T > 1)
+    NP = _padded_nodes(T - root)
+    factors = torch.empty(bs * HV, 2 * NP * NP + 3 * NP + root * (2 * NP + 4), dtype=torch.float32, device=q.device)
     _gdn_tree_factor_kernel[(bs * HV,)](
         q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices,
         workspace[0].numel(), factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K,
-        V=V, NP=NP, BR=_factor_rows(NP), BK=min(K, _BK), DOT=dot_precision, num_warps=_factor_warps(NP),
+        V=V, NP=NP, BR=_factor_rows(NP), BK=min(K, _BK), DOT=dot_precision, ROOT=root, num_warps=_factor_warps(NP),
     )  # fmt: skip
     return factors
 
