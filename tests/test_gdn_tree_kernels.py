@@ -124,6 +124,7 @@ def test_a_narrower_tree_verified_in_a_workspace_laid_out_for_the_widest_commits
     (and the unwritten rows past the tree, NaN here, are never read)."""
     run([bushy(5, seed=1), chain(5)], capacity=33)
     run([star(2)], capacity=9)
+    run([bushy(17, seed=2)], capacity=65)  # its root apart, in a layout its 65-node verifies share
 
 
 @pytest.mark.parametrize("block_v, num_warps, dot_precision", [(16, 4, "ieee"), (32, 4, "ieee"), (64, 8, "ieee"),
