@@ -3,9 +3,10 @@
 The CPU tests run the kernels under Triton's interpreter, which executes them as Python and skips the compiler's
 type rules. So a loop-carried variable that changed dtype (int32 -> int64, loading a tree's int64 parents) passed
 every CPU test and failed to compile on the H200 (tests/gpu/RESULTS.md run 51). Here each kernel's first launch in
-a few of the kernel specifications below (one per setting of its boolean and string switches) is recorded under the interpreter (argument dtypes and constexpr values),
-and a child process without the interpreter lowers each launch to Triton IR for sm_90: the compiler's front end,
-which needs no GPU.
+a few of the kernel specifications below (one per setting of its boolean and string switches) is recorded under
+the interpreter (argument dtypes and constexpr values), and a child process without the interpreter lowers each
+launch to Triton IR for sm_90: the compiler's front end, which needs no GPU. The GDN kernels are also compiled
+whole, for the shared memory an H200 grants a block and for the registers ptxas spills.
 """
 
 from __future__ import annotations
@@ -93,6 +94,35 @@ for name, NP, extra, warps in launches:
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         shared[f"{name}:{NP}:{precision}"] = compiled.metadata.shared
 print(json.dumps(shared))
+"""
+# The tree conv compiled for sm_90 at Qwen3.6-27B's channels in its launch for trees of up to 64 rows, and ptxas's
+# report of each build: spilled registers go through local memory on every tap.
+_CONV_SPILLS = """
+import json, os, re, subprocess, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sglang_ddtree.kernels import gdn_tree_conv as c
+
+INDEX = {"state_indices_ptr", "next_token_ptr", "next_sibling_ptr", "parents_ptr", "input_rows_ptr"}
+ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+spills = {}
+for NP in (16, 32, 64):
+    BD, warps = c._conv_launch(NP)
+    kernel = c._gdn_tree_conv_kernel
+    const = {"W": 4, "NP": NP, "JUMPS": NP.bit_length(), "BD": BD, "HAS_BIAS": False, "SILU": True, "bias_ptr": None}
+    signature = {arg: "constexpr" if arg in const else ("*i64" if arg in INDEX else "*bf16") if arg.endswith("_ptr")
+                 else "i32" for arg in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(k),): v for k, v in const.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as folder:
+        ptx = os.path.join(folder, "conv.ptx")
+        open(ptx, "w").write(compiled.asm["ptx"])
+        report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(folder, "conv.o")],
+                                capture_output=True, text=True, check=True).stderr
+    spills[NP] = int(re.search(r"(\\d+) bytes spill stores", report).group(1))
+print(json.dumps(spills))
 """
 H200_SHARED_MEMORY_PER_BLOCK = 232448  # bytes: cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 INTEGER_SWITCHES = {"ROOT"}  # 0 / 1 constexprs that compile in code, like the boolean ones
@@ -192,3 +222,11 @@ def test_the_gdn_tree_kernels_fit_an_h200s_shared_memory_at_65_nodes_in_both_pre
     shared = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(shared) == 10
     assert {launch: size for launch, size in shared.items() if size > H200_SHARED_MEMORY_PER_BLOCK} == {}
+
+
+def test_the_tree_conv_spills_no_register_up_to_64_rows_on_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", _CONV_SPILLS], env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"16": 0, "32": 0, "64": 0}
