@@ -57,12 +57,12 @@ def _up(nodes, parents, rows):
 @triton.jit
 def _tap(acc, source, w_tap, x, state, stride_x_tok, stride_state_col, valid, mask_f, W: tl.constexpr):
     """``acc`` plus one tap of the conv: each node's input ``source`` (a node, or a column of the persistent
-    window before the root) times the tap's weights, the product in the inputs' dtype."""
+    window before the root) times the tap's weights, the product in the inputs' dtype; and those inputs."""
     in_tree = (source >= 0)[:, None] & valid[:, None] & mask_f[None, :]
     before_root = (source < 0)[:, None] & valid[:, None] & mask_f[None, :]
     b_x = tl.load(x + tl.maximum(source, 0)[:, None] * stride_x_tok, mask=in_tree, other=0)
     b_x += tl.load(state + (W - 1 + tl.minimum(source, -1))[:, None] * stride_state_col, mask=before_root, other=0)
-    return acc + b_x * tl.load(w_tap, mask=mask_f, other=0)[None, :]
+    return acc + b_x * tl.load(w_tap, mask=mask_f, other=0)[None, :], b_x
 
 
 @triton.jit
@@ -98,12 +98,11 @@ def _gdn_tree_conv_kernel(
         if W >= 3:
             up_2 = _up(up_1, parents, rows)
             if W == 4:
-                acc = _tap(acc, _up(up_2, parents, rows), w, x, state, x_tok, col, valid, mask_f, W)
-            acc = _tap(acc, up_2, w + (W - 3) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
-        acc = _tap(acc, up_1, w + (W - 2) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
-        acc = _tap(acc, rows, w + (W - 1) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
-        # The nodes' own inputs, for the commit.
-        own = tl.load(x + rows[:, None] * stride_x_tok, mask=valid[:, None] & mask_f[None, :], other=0)
+                acc, _ = _tap(acc, _up(up_2, parents, rows), w, x, state, x_tok, col, valid, mask_f, W)
+            acc, _ = _tap(acc, up_2, w + (W - 3) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
+        acc, _ = _tap(acc, up_1, w + (W - 2) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
+        acc, own = _tap(acc, rows, w + (W - 1) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
+        # The nodes' own inputs (the last tap's), for the commit.
         inputs = inputs_ptr + tl.load(input_rows_ptr + i_n).to(tl.int64) * stride_inputs_row
         tl.store(inputs + rows[:, None] * dim + feats[None, :], own.to(inputs_ptr.dtype.element_ty),
                  mask=valid[:, None] & mask_f[None, :])  # fmt: skip
