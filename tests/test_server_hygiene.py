@@ -14,6 +14,8 @@ from sglang_ddtree.serving import free_port, launched_server
 from sglang_ddtree.server_hygiene import describe_validation_errors, json_error_position
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
+TRITON_LAUNCH_LOG_ENV = "DDTREE_TEST_TRITON_LAUNCH_LOG"  # tests/cpu_shims/sitecustomize.py
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server_hygiene")]  # one worker builds the module's servers
 
 API_KEY = "sk-hygiene-test"
@@ -66,29 +68,53 @@ def test_json_errors_are_placed_by_line_and_column():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def triton_launch_log(tmp_path_factory) -> str:
+    """Where the server's processes log each Triton launch a GPU would compile first (tests/cpu_shims)."""
+    return str(tmp_path_factory.mktemp("hygiene_launches") / "launches.jsonl")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, triton_launch_log):
     root = tmp_path_factory.mktemp("hygiene_models")
     target = make_qwen3_target(str(root / "qwen3"), TinyShape(num_layers=4, vocab_size=64))
     drafter = make_dflash_drafter(str(root / "dflash"), target_num_layers=4, block_size=4,
                                   shape=TinyShape(num_layers=1, vocab_size=64), target_layer_ids=[0, 2])  # fmt: skip
     args = ["--algo", "ddtree", "--model-path", target, "--draft-model-path", drafter, "--budget", "8",
             *CPU_SERVER_FLAGS, "--api-key", API_KEY]  # fmt: skip
-    with launched_server(args, free_port()) as url:
+    with launched_server(args, free_port(), env={TRITON_LAUNCH_LOG_ENV: triton_launch_log}) as url:
         yield url
 
 
-def test_first_chat_request_is_not_slower_than_later_ones(server):
+def new_kernel_specialisations(log_path: str, since_line: int) -> set[str]:
+    with open(log_path) as log:
+        return {json.loads(line)["kernel"] for line in log.readlines()[since_line:]}
+
+
+def test_first_chat_request_is_not_slower_than_later_ones(server, triton_launch_log):
     """On the H200 the first /v1/chat/completions of a demo server took 7.7 s and later ones milliseconds. SGLang's
-    start-up warm-up only sends /generate, so whatever the chat path does once (template, parsers, serving state)
-    would land on the first user. Runs first in this module, on a server nothing else has talked to."""
+    start-up warm-up only sends a greedy /generate, so whatever the chat path or a sampled request does once
+    (template, parsers, serving state, a kernel compiled on first use) would land on the first user. So a newcomer's
+    requests — the chat without sampling parameters (SGLang samples it at temperature 1), a readiness probe that
+    generates (``/health_generate``), a greedy chat — are no slower the first time and launch no Triton kernel in a
+    specialisation that start-up did not (each would be a compile on a GPU). Runs first in this module, on a server
+    nothing else has talked to."""
+    with open(triton_launch_log) as log:
+        compiled_at_start_up = len(log.readlines())
+    newcomer_chat = {key: value for key, value in CHAT.items() if key != "temperature"}
     seconds = []
     for _ in range(3):
         start = time.monotonic()
-        status, body = call(server + "/v1/chat/completions", CHAT)
+        status, body = call(server + "/v1/chat/completions", newcomer_chat)
         seconds.append(time.monotonic() - start)
         assert status == 200, body
     first, later = seconds[0], min(seconds[1:])
     assert first <= 3 * later + 5.0, f"first chat {first:.2f} s, later ones {seconds[1:]}"
+    assert call(server + "/health_generate", method="GET")[0] == 200
+    assert call(server + "/v1/chat/completions", CHAT)[0] == 200
+    # SGLang's CPU engine verifies sampled requests with its greedy tree kernel (eagle_sample on CPU); on CUDA they
+    # take sgl_kernel's precompiled rejection sampling, which nothing compiles.
+    cpu_only = {"sglang.kernels.ops.speculative.spec_tree.verify_tree_greedy_kernel_triton"}
+    assert new_kernel_specialisations(triton_launch_log, compiled_at_start_up) - cpu_only == set()
 
 
 @pytest.mark.parametrize("path", ["/generate", "/v1/chat/completions", "/v1/completions"])

@@ -24,7 +24,8 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does three things, all test-onl
 3. A faster Triton interpreter (``triton.runtime.interpreter``): a ``tl.reduce`` with a custom combine function
    reduces whole vectors pairwise instead of element by element, and a device function called inside a kernel
    does not patch ``triton.language`` again when the kernel's launch already has (same results: see
-   ``_patch_triton_interpreter`` and ``_patch_device_function_calls``).
+   ``_patch_triton_interpreter`` and ``_patch_device_function_calls``). With ``DDTREE_TEST_TRITON_LAUNCH_LOG``
+   set, the interpreter also logs each launch a GPU would compile first (``_record_new_kernel_specialisations``).
 """
 
 import importlib.abc
@@ -203,6 +204,55 @@ def _patch_triton_interpreter(module) -> None:
     pairwise_reduce.element_by_element = element_by_element  # for the shim's own test
     module.ReduceOps.generic_reduce = pairwise_reduce
     _patch_device_function_calls(module)
+    if os.environ.get(TRITON_LAUNCH_LOG_ENV):
+        _record_new_kernel_specialisations(module, os.environ[TRITON_LAUNCH_LOG_ENV])
+
+
+TRITON_LAUNCH_LOG_ENV = "DDTREE_TEST_TRITON_LAUNCH_LOG"
+
+
+def _record_new_kernel_specialisations(module, log_path: str) -> None:
+    """With ``DDTREE_TEST_TRITON_LAUNCH_LOG=FILE``: each kernel launch that a GPU would compile first, appended to
+    FILE as a JSON line (the process, the kernel, its specialisation). A GPU compiles a Triton kernel once per
+    specialisation, which is its constexpr values and, per other argument, its type and what Triton's JIT
+    specialises on (an integer's divisibility by 16, a pointer's 16-byte alignment, ``None``): a request that
+    launches a new one waits for a compile on a GPU (seconds), which the interpreter does not show."""
+    import inspect
+    import json
+
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    run = module.InterpretedFunction.run
+    seen: set = set()
+
+    def specialisation(kernel, args, kwargs) -> tuple:
+        parameters = inspect.signature(kernel.fn).parameters.values()
+        unspecialised = set(kernel.kwargs.get("do_not_specialize") or ())
+        values = dict(zip(kernel.arg_names, args), **kwargs)
+        key = []
+        for index, parameter in enumerate(parameters):
+            if parameter.name not in values:
+                continue
+            value = values[parameter.name]
+            if "constexpr" in str(parameter.annotation):
+                key.append((parameter.name, repr(value)))
+            else:
+                plain = parameter.name in unspecialised or index in unspecialised
+                key.append((parameter.name, repr(native_specialize_impl(BaseBackend, value, False, not plain, True))))
+        options = sorted((name, repr(value)) for name, value in kwargs.items() if name not in kernel.arg_names)
+        return (*key, *options)  # num_warps and the like compile too
+
+    def run_recording_new_specialisations(self, *args, grid, warmup, **kwargs):
+        name = f"{self.fn.__module__}.{self.fn.__name__}"
+        key = (name, specialisation(self, args, kwargs))
+        if key not in seen:
+            seen.add(key)
+            with open(log_path, "a") as log:
+                log.write(json.dumps({"pid": os.getpid(), "kernel": name, "specialisation": key[1]}) + "\n")
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    module.InterpretedFunction.run = run_recording_new_specialisations
 
 
 def _patch_device_function_calls(module) -> None:
