@@ -234,6 +234,71 @@ def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_
     assert sum(meta["spec_num_correct_drafts"] for meta in report["sequential"]["meta_info"]) > 0
 
 
+PREFIX_TRACK_INTERVAL = 16  # SGLang's mamba_track_interval (256 by default): GDN states tracked at multiples of it
+TURN = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}  # 27 + 24 tokens cross the tracked 32 and 48
+
+
+@pytest.fixture(scope="module")
+def two_turns(models):
+    """A conversation on AR without a prefix cache: the first turn (the longest prompt), then the second turn's
+    prompt (the first turn, its answer and another prompt) and its answer."""
+    ar = exact_engine_args(models["multimodal"])
+    first = PROMPTS[-1]
+    answer = run_engine_generate(ar, [first], TURN, env=EXACT_ENV)["sequential"]["output_ids"][0]
+    second = first + answer + PROMPTS[2]
+    return {"prompts": [first, second], "answers": [answer] + run_engine_generate(
+        ar, [second], TURN, env=EXACT_ENV)["sequential"]["output_ids"]}  # fmt: skip
+
+
+@pytest.mark.xdist_group("hybrid_prefix_cache")  # one worker builds the two turns
+@pytest.mark.parametrize("gdn_verify", ["snapshots", "wy"])
+def test_a_prefix_cache_hit_continues_as_the_full_prefill_does(models, two_turns, gdn_verify):
+    """The second turn reuses the first turn's cached prefix (the radix cache with SGLang's ``extra_buffer``
+    strategy), whose GDN state and conv window a verify step tracked while decoding the first turn: at every multiple
+    of ``mamba_track_interval`` the commit writes that node's into the request's track slot (with the snapshot-free
+    verify ``gdn_tree_commit`` and ``gdn_tree_conv_commit`` build it from the root's, before the request's own
+    commit replaces the root's). Both turns' tokens are AR's without a cache, and the hit reaches past the first
+    turn's prompt, so the second turn started from a tracked state: committing none, or the root's, fails here."""
+    report = run_engine_generate(
+        {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
+         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 9,
+         "disable_radix_cache": False, "mamba_radix_cache_strategy": "extra_buffer",
+         "mamba_track_interval": PREFIX_TRACK_INTERVAL},
+        two_turns["prompts"], TURN, env={**EXACT_ENV, **({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {})},
+    )  # fmt: skip
+    run = report["sequential"]
+    assert run["output_ids"] == two_turns["answers"]
+    first_turn_length = len(two_turns["prompts"][0]) + TURN["max_new_tokens"]
+    hit = run["meta_info"][1]["cached_tokens"]
+    assert hit == first_turn_length // PREFIX_TRACK_INTERVAL * PREFIX_TRACK_INTERVAL > len(two_turns["prompts"][0])
+    if gdn_verify == "wy":
+        assert report["scheduler_states"][0]["ddtree_gdn_wy_verify"]["commits"] > 0
+
+
+def test_the_tiny_hybrids_tokens_depend_on_its_gdn_layers(models):
+    """What lets the tests above see a wrong GDN state: along the tiny target's own greedy continuation of each
+    prompt (HF, float32), the next-token argmax changes at most positions without its GDN layers' outputs
+    (tiny_models.GDN_OUTPUT_GAIN; a random init's GDN layers changed 0-2 of 24)."""
+    import transformers
+
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(models["multimodal"], dtype=torch.float32)
+    model.eval()
+    gdn_scale = [1.0]
+    for module in model.modules():
+        if type(module).__name__.endswith("GatedDeltaNet"):
+            module.register_forward_hook(lambda _module, _inputs, output: output * gdn_scale[0])
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            sequence = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                      max_new_tokens=24, min_new_tokens=24)  # fmt: skip
+            with_gdn = model(input_ids=sequence).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            gdn_scale[0] = 0.0
+            without_gdn = model(input_ids=sequence).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            gdn_scale[0] = 1.0
+        assert int((with_gdn != without_gdn).sum()) >= 12, (prompt, with_gdn.tolist(), without_gdn.tolist())
+
+
 def test_prefill_delta_rule_reference_matches_sglang_recurrent_kernel():
     """The shim's plain-torch GDN prefill (SGLang's chunked FLA kernel cannot run on CPU in float32) is the
     recurrence of SGLang's Triton decode/verify kernel: same outputs and final states, for 3 value heads per key

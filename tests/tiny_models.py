@@ -241,6 +241,13 @@ def _mtp_weights(state_dict: dict[str, torch.Tensor], layer_prefix: str, hidden_
     return weights
 
 
+# A random init's GDN layers barely move the logits: zeroing their outputs flipped 0-2 of 24 greedy tokens of the
+# CPU tests' prompts (largest logit change 0.04), so a verify that committed a wrong GDN state still gave AR's tokens
+# (a prefix-cache hit continued from a tracked state of x10 noise). Their output projections are scaled up so the
+# tokens depend on them: zeroing them then flips 18-20 of 24 (tests/test_hybrid_cpu.py checks it).
+GDN_OUTPUT_GAIN = 30.0
+
+
 def make_qwen35_hybrid_target(
     out_dir: str,
     shape: HybridShape = HybridShape(),
@@ -265,6 +272,9 @@ def make_qwen35_hybrid_target(
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config).eval()
     weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    for name in weights:
+        if name.endswith(".linear_attn.out_proj.weight"):
+            weights[name] = weights[name] * GDN_OUTPUT_GAIN
     if arch == "Qwen3_5ForCausalLM":  # the text checkpoint's names: model.layers.*, model.embed_tokens, lm_head
         weights = {name.replace("model.language_model.", "model."): tensor for name, tensor in weights.items()
                    if not name.startswith("model.visual.")}  # fmt: skip

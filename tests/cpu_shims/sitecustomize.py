@@ -21,6 +21,12 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does three things, all test-onl
    - ``xgrammar_backend``: the grammar bitmask is allocated pinned (no pinned allocator without CUDA: the
      scheduler crashed on the first grammar request, AR's too) and applied only to CUDA/NPU logits; on CPU it is
      allocated unpinned and applied with xgrammar's own CPU kernel.
+   - ``ServerArgs._validate_mamba_extra_buffer``: the prefix cache's ``extra_buffer`` strategy for GDN states (the
+     tracking of a state at every ``mamba_track_interval`` tokens) is refused without a GPU ("needs FLA"); the
+     CPU engine runs its kernels (SGLang's Triton ones, interpreted) and tracks them, so the other checks run as
+     on CUDA.
+   - ``schedule_batch``: the tracked slots' positions are staged in pinned memory (no pinned allocator without
+     CUDA); on CPU its ``torch.tensor`` calls leave ``pin_memory`` out.
 3. A faster Triton interpreter (``triton.runtime.interpreter``): a ``tl.reduce`` with a custom combine function
    reduces whole vectors pairwise instead of element by element, and a device function called inside a kernel
    does not patch ``triton.language`` again when the kernel's launch already has (same results: see
@@ -161,6 +167,36 @@ def _patch_xgrammar_backend(module) -> None:
     module._allocate_token_bitmask = allocate_unpinned_without_cuda
     module.XGrammarGrammar.apply_vocab_mask = grammar_apply_on_cpu
     module.XGrammarGrammarBackend.apply_vocab_mask = staticmethod(backend_apply_on_cpu)
+
+
+def _patch_server_args(module) -> None:
+    validate_on_this_device = module.ServerArgs._validate_mamba_extra_buffer
+
+    def validate_as_on_cuda(self, view, model_arch):
+        is_cuda = module.is_cuda
+        module.is_cuda = lambda: True
+        try:
+            return validate_on_this_device(self, view, model_arch)
+        finally:
+            module.is_cuda = is_cuda
+
+    module.ServerArgs._validate_mamba_extra_buffer = validate_as_on_cuda
+
+
+def _patch_schedule_batch(module) -> None:
+    import types
+
+    import torch
+
+    class TorchWithoutPinnedMemory(types.ModuleType):
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        @staticmethod
+        def tensor(*args, pin_memory=False, **kwargs):
+            return torch.tensor(*args, **kwargs)
+
+    module.torch = TorchWithoutPinnedMemory("torch")
 
 
 def _patch_triton_interpreter(module) -> None:
@@ -307,6 +343,8 @@ _PATCHES_AFTER_IMPORT = {
     "sglang.kernels.ops.mamba.mamba_state_scatter_triton": _patch_mamba_state_scatter,
     "sglang.kernels.ops.attention.fla.layernorm_gated": _patch_layernorm_gated,
     "sglang.srt.constrained.xgrammar_backend": _patch_xgrammar_backend,
+    "sglang.srt.server_args": _patch_server_args,
+    "sglang.srt.managers.schedule_batch": _patch_schedule_batch,
     "triton.runtime.interpreter": _patch_triton_interpreter,
 }
 
