@@ -45,7 +45,7 @@ def test_a_block_loss_mixing_in_top_1_soft_labels_is_the_hard_block_loss(tmp_pat
     from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
     from tiny_models import MASK_TOKEN_ID, TinyShape, make_qwen3_target
 
-    target = make_qwen3_target(str(tmp_path / "target"), TinyShape(num_layers=4, vocab_size=64))
+    target = make_qwen3_target(str(tmp_path / "target"), TinyShape(num_layers=5, vocab_size=64))
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     with open(os.path.join(target, "config.json")) as f:
         drafter = DFlashDrafter(DrafterShape.for_target(json.load(f), num_layers=1, num_features=2, block_size=4))

@@ -43,7 +43,10 @@ def train(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("train_drafter")
-    target = make_qwen3_target(str(root / "target"), TinyShape(num_layers=TARGET_LAYERS, vocab_size=VOCAB))
+    # At a random init's attention scale (not the sharper default, tiny_models.ATTENTION_QK_NORM_GAIN): continuations
+    # repetitive enough for 200 CPU steps, which the acceptance bars below are set for.
+    target = make_qwen3_target(str(root / "target"), TinyShape(num_layers=TARGET_LAYERS, vocab_size=VOCAB),
+                               qk_norm_gain=1.0)  # fmt: skip
     (root / "prompts.txt").write_text("\n".join(chat_prompts(random.Random(0), 96)) + "\n")
     out = str(root / "drafter")
     result = train("--target", target, "--out", out, "--prompts", str(root / "prompts.txt"), "--max-new-tokens", "48",
@@ -254,6 +257,14 @@ def test_bad_arguments_fail_with_one_line(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"python -m sglang_ddtree.training.train_drafter: error: --init-from '{tmp_path}' is not a drafter folder "
         "(config.json and model.safetensors)"
+    ]
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 4}))
+    result = train("--target", str(tmp_path), "--out", str(tmp_path / "out"), "--prompts", "p.txt",
+                   "--num-features", "2")  # fmt: skip
+    assert result.returncode == 2  # before any answer is generated: both features would be layer 1
+    assert result.stderr.strip().splitlines() == [
+        "python -m sglang_ddtree.training.train_drafter: error: --num-features 2: 2 target features need a target "
+        "of at least 5 layers (one each from layers 1 to L-3), got 4"
     ]
 
 

@@ -66,12 +66,14 @@ def target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
     layer 1 to layer L-3.
 
     A feature of layer ``i`` is that layer's output (HF ``hidden_states[i + 1]``); SGLang captures it before
-    layer ``i + 1``, so the last layer cannot be used.
+    layer ``i + 1``, so the last layer cannot be used. Each layer is captured once, so features must come from
+    distinct layers: a 4-layer target's two would both be layer 1, and SGLang would feed the drafter one.
     """
     if num_features == 1:
         return [num_target_layers // 2]
-    if num_target_layers < 4:
-        raise ValueError(f"{num_features} target features need a target of at least 4 layers, got {num_target_layers}")
+    if num_features > num_target_layers - 3:
+        raise ValueError(f"{num_features} target features need a target of at least {num_features + 3} layers (one "
+                         f"each from layers 1 to L-3), got {num_target_layers}")  # fmt: skip
     span = num_target_layers - 4
     return [round(1 + i * span / (num_features - 1)) for i in range(num_features)]
 

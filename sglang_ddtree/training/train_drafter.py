@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.training.drafter_acceptance import greedy_acceptance, tau
-from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape, block_logits, target_forward
+from sglang_ddtree.training.drafter_model import (DFlashDrafter, DrafterShape, block_logits, target_forward,
+                                                 target_layer_ids)
 
 UPSTREAM_MASK_TOKEN = "<|MASK|>"
 DECAY_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # DFlash's loss decay per block size
@@ -490,6 +491,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--init-from '{args.init_from}' is not a drafter folder (config.json and model.safetensors)")
     if not os.path.isfile(os.path.join(args.target, "config.json")):
         parser.error(f"--target '{args.target}' is not a model folder (no config.json)")
+    with open(os.path.join(args.target, "config.json")) as f:
+        target_layers = json.load(f).get("num_hidden_layers")
+    if isinstance(target_layers, int) and args.num_features >= 1:
+        try:  # before the self-distillation, which may take hours
+            target_layer_ids(target_layers, args.num_features)
+        except ValueError as e:
+            parser.error(f"--num-features {args.num_features}: {e}")
     if args.block_size < 2 or args.num_layers < 1 or args.num_features < 1 or args.answers_per_prompt < 1:
         parser.error("--block-size must be >= 2 and --num-layers, --num-features, --answers-per-prompt >= 1")
     if args.steps < 0 or args.time_budget_minutes < 0 or not (args.steps or args.time_budget_minutes):
