@@ -1,9 +1,10 @@
 """DDTree on a real SGLang engine (CPU): greedy output is token-identical to AR greedy.
 
-Exactness is judged in float32 with the radix cache off, where it is well defined. The drafter is random, but
-the models share a 64-token vocabulary, so the best-first tree (up to ``budget`` candidates spread over the
-first depths) often holds the target's choice: steps accept drafted nodes at several depths and exercise the
-tree's acceptance and KV compaction, which a chain-shaped or mis-masked verify would get wrong.
+Exactness is judged in float32 with the radix cache off, where it is well defined. The target's next token
+depends on its context (``tiny_models.ATTENTION_QK_NORM_GAIN``) and the drafter is fitted to the target's
+continuations of these prompts (``tiny_models.fit_dflash_drafter``), so steps accept paths of every depth of the
+block and exercise the tree's mask, positions, acceptance and KV compaction; the fault tests at the end show that
+a wrong position, mask row or KV move at depth 2 does change the outputs.
 """
 
 import json
@@ -11,7 +12,7 @@ import json
 import pytest
 
 from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
-from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
+from tiny_models import TinyShape, fit_dflash_drafter, make_qwen3_target
 
 pytestmark = pytest.mark.slow
 
@@ -27,10 +28,7 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddtree_models")
     target = make_qwen3_target(str(root / "qwen3"), TinyShape(num_layers=TARGET_LAYERS, vocab_size=VOCAB))
-    drafter = make_dflash_drafter(
-        str(root / "dflash"), target_num_layers=TARGET_LAYERS, block_size=BLOCK_SIZE,
-        shape=TinyShape(num_layers=1, vocab_size=VOCAB), target_layer_ids=[0, 2],
-    )  # fmt: skip
+    drafter = fit_dflash_drafter(target, str(root / "dflash"), PROMPTS, BLOCK_SIZE)
     return target, drafter
 
 
@@ -64,9 +62,24 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert report["sequential"]["output_ids"] == ar_outputs
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
     modes = ("sequential", "concurrent")
-    accepted_drafts = accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], BLOCK_SIZE)
-    if budget >= 8:
-        assert accepted_drafts > 0  # otherwise this test could not tell a tree verify from a bonus-only one
+    accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], BLOCK_SIZE)
+    if budget >= 8:  # paths past depth 1 accepted, each prompt once on average, so depth 2's nodes were tested
+        assert deep_verifies(report, modes) >= len(PROMPTS), accept_histogram(report, modes)
+
+
+def accept_histogram(report: dict, modes: tuple[str, ...]) -> list[int]:
+    """Verifies by drafts accepted, over every request of ``modes``."""
+    histogram = [0] * BLOCK_SIZE
+    for mode in modes:
+        for meta in report[mode]["meta_info"]:
+            for accepted, count in enumerate(meta["spec_accept_histogram"]):
+                histogram[accepted] += count
+    return histogram
+
+
+def deep_verifies(report: dict, modes: tuple[str, ...]) -> int:
+    """Verifies that accepted two drafts or more."""
+    return sum(accept_histogram(report, modes)[2:])
 
 
 SGLANG_VERIFY = {"SGLANG_DDTREE_LEAN_VERIFY": "0"}  # every batch through SGLang's EAGLE verify
@@ -367,3 +380,21 @@ def test_histogram_draws_follow_the_file_and_bad_files_are_named(tmp_path, monke
         monkeypatch.setenv(ddtree_simulation.HISTOGRAM_ENV, str(bad_path))
         with pytest.raises(ValueError, match=ddtree_simulation.HISTOGRAM_ENV):
             ddtree_simulation.simulated_length_histogram()
+
+
+@pytest.mark.parametrize("fault", ["deep_node_positions", "root_hidden_from_deep_nodes", "depth2_kv_from_parent"])
+def test_the_greedy_comparison_fails_a_verify_with_a_fault_at_depth_two(models, ar_outputs, fault):
+    """The exactness tests above can see a wrong verify: a fault injected into DDTREE's verify by the CPU shims
+    (``tests/cpu_shims/ddtree_test_faults.py``: deep nodes one position too far, the root hidden from their mask
+    rows, the depth-1 node's KV moved into the depth-2 slot) changes some of the eight outputs (measured: 7, 2 and
+    4 of 8). Before the target's QK-norm gain and the fitted drafter, the first two passed as exact and the third
+    could not act: the random drafter's trees were never accepted past depth 1 (accept histogram [62, 13, 0, 0]),
+    and the target's next token hardly depended on its context."""
+    target, drafter = models
+    report = run_engine_generate(
+        {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+         "speculative_num_draft_tokens": 9},
+        PROMPTS, GREEDY, env={"DDTREE_TEST_FAULT": fault},
+    )  # fmt: skip
+    differing = sum(out != ar for out, ar in zip(report["sequential"]["output_ids"], ar_outputs))
+    assert differing > 0, f"{fault}: the exactness tests would pass a verify with this fault"

@@ -1,6 +1,6 @@
 """CPU-CI process setup, imported by every Python process (also SGLang's spawned children) through PYTHONPATH.
 
-Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does three things, all test-only:
+Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does four things, all test-only:
 
 1. torchvision: PyPI's torchvision wheels are CUDA builds whose compiled ops cannot register beside the CPU
    torch, and then ``torchvision._meta_registrations`` raises at import. SGLang imports torchvision's pure-Python
@@ -32,6 +32,8 @@ Active only when ``SGLANG_USE_CPU_ENGINE=1``. It does three things, all test-onl
    does not patch ``triton.language`` again when the kernel's launch already has (same results: see
    ``_patch_triton_interpreter`` and ``_patch_device_function_calls``). With ``DDTREE_TEST_TRITON_LAUNCH_LOG``
    set, the interpreter also logs each launch a GPU would compile first (``_record_new_kernel_specialisations``).
+4. With ``DDTREE_TEST_FAULT=NAME``, a fault in DDTREE's verify (``ddtree_test_faults.py``), for the tests that show
+   the lossless tests fail on a wrong verify.
 """
 
 import importlib.abc
@@ -347,6 +349,13 @@ _PATCHES_AFTER_IMPORT = {
     "sglang.srt.managers.schedule_batch": _patch_schedule_batch,
     "triton.runtime.interpreter": _patch_triton_interpreter,
 }
+
+
+if os.environ.get("DDTREE_TEST_FAULT"):  # a fault in DDTREE's verify, for tests of the tests (ddtree_test_faults.py)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ddtree_test_faults import FAULT_ENV, patches
+
+    _PATCHES_AFTER_IMPORT.update(patches(os.environ[FAULT_ENV]))
 
 
 class _PatchAfterExec(importlib.abc.Loader):

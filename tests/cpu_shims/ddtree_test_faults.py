@@ -1,0 +1,66 @@
+"""Faults injected into DDTREE's verify for tests that check the lossless tests can see them
+(``DDTREE_TEST_FAULT=NAME`` in a CPU-engine process; ``sitecustomize`` applies the patch after the module loads).
+
+Each is a bug a tree verify could plausibly have, small enough to leave outputs plausible:
+
+* ``deep_node_positions``: nodes at depth 2 and deeper get a position one too far (RoPE of the wrong position).
+* ``root_hidden_from_deep_nodes``: the FULL tree mask hides the root (the bonus token) from nodes at depth >= 2.
+* ``depth2_kv_from_parent``: the accepted path's KV move writes its depth-1 node's KV into the depth-2 slot.
+"""
+
+from __future__ import annotations
+
+FAULT_ENV = "DDTREE_TEST_FAULT"
+TREE_FAULTS = ("deep_node_positions", "root_hidden_from_deep_nodes")
+KV_MOVE_FAULTS = ("depth2_kv_from_parent",)
+
+
+def _depths(positions, seq_lens, nodes: int):
+    """Each node's depth ``[bs, N]``, read back from ``positions = seq_len + depth``."""
+    return positions.view(-1, nodes) - seq_lens.view(-1, 1).to(positions.dtype)
+
+
+def patch_tree_ops(module, fault: str) -> None:
+    """Wrap ``build_verify_tensors`` (called by ``ddtree_from_expansion`` through the module's globals)."""
+    build = module.build_verify_tensors
+
+    def build_with_fault(parent, token, depth, root_tokens, seq_lens, max_depth, **kwargs):
+        out = build(parent, token, depth, root_tokens, seq_lens, max_depth, **kwargs)
+        nodes = parent.shape[1] + 1
+        depths = _depths(out.positions, seq_lens, nodes)
+        if fault == "deep_node_positions":
+            out.positions.view(-1, nodes)[depths >= 2] += 1
+        elif out.custom_mask is not None:  # root_hidden_from_deep_nodes: rows of [N, seq_len + N] per request
+            offset = 0
+            for b, seq_len in enumerate(seq_lens.tolist()):
+                row = seq_len + nodes
+                for node in (depths[b] >= 2).nonzero().flatten().tolist():
+                    out.custom_mask[offset + node * row + seq_len] = False
+                offset += nodes * row
+        return out
+
+    module.build_verify_tensors = build_with_fault
+
+
+def patch_greedy_verify(module, fault: str) -> None:
+    """Wrap the KV move that ``run_greedy_tree_verify`` calls by its imported name."""
+    move = module.move_accept_tokens_to_target_kvcache
+
+    def move_with_fault(batch, accept_index, *args, **kwargs):
+        import torch
+
+        wrong = accept_index.clone()
+        if wrong.shape[1] > 2:
+            wrong[:, 2] = torch.where(wrong[:, 2] >= 0, wrong[:, 1], wrong[:, 2])
+        return move(batch, wrong, *args, **kwargs)
+
+    module.move_accept_tokens_to_target_kvcache = move_with_fault
+
+
+def patches(fault: str) -> dict:
+    """Module name -> patch for the fault, or a ValueError naming the known faults."""
+    if fault in TREE_FAULTS:
+        return {"sglang_ddtree.tree.tree_ops": lambda module: patch_tree_ops(module, fault)}
+    if fault in KV_MOVE_FAULTS:
+        return {"sglang_ddtree.speculative.ddtree_greedy_verify": lambda module: patch_greedy_verify(module, fault)}
+    raise ValueError(f"{FAULT_ENV}={fault!r}: not one of {TREE_FAULTS + KV_MOVE_FAULTS}")
