@@ -35,6 +35,7 @@ import argparse
 import glob
 import gzip
 import json
+import os
 import re
 import shlex
 import statistics
@@ -151,10 +152,11 @@ def write_model_folders(models: Path) -> None:
         (models / name / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def launcher_refusal(args: list[str]) -> Optional[str]:
-    """The launcher's one-line refusal of these arguments (``--dry-run``), or None when it accepts them."""
+def launcher_refusal(args: list[str], env: Optional[dict[str, str]] = None) -> Optional[str]:
+    """The launcher's one-line refusal of these arguments (``--dry-run``), or None when it accepts them. ``env``:
+    the configuration's variables, which the server's launcher sees too (the WY verify's smaller state)."""
     result = subprocess.run([sys.executable, "-m", "sglang_ddtree.launch", *args, "--dry-run"],
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+                            capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})  # fmt: skip
     return None if result.returncode == 0 else result.stderr.strip().split("error: ", 1)[-1]
 
 
@@ -311,7 +313,7 @@ def run(args: argparse.Namespace) -> dict:
                      "cells": {}}  # fmt: skip
         running = max(args.batch_sizes)
         for bs in sorted(args.batch_sizes, reverse=True):
-            refusal = launcher_refusal([*base, "--max-running-requests", str(bs)])
+            refusal = launcher_refusal([*base, "--max-running-requests", str(bs)], config.env)
             if refusal is None:
                 running = bs
                 break

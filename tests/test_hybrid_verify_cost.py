@@ -45,6 +45,17 @@ def test_on_an_h200_the_widest_fp32_tree_fits_one_request_but_not_eight(models, 
     assert cost.launcher_refusal(launch_args(bf16, models, 8)) is None
 
 
+def test_the_wy_configurations_are_checked_with_their_smaller_state(models, tmp_path, monkeypatch):
+    """The dry run sees the configuration's environment, as its server's launcher does: on an H100 SGLang's
+    per-node states of N = 33 fit one request, not eight (42.6 GiB), and the WY verify's fit eight (RESULTS run
+    73 recorded the WY server at bs 8 as refused before)."""
+    monkeypatch.setenv("PATH", with_fake_gpu(tmp_path, 81559)["PATH"])  # an H100
+    by_name = {c.name: c for c in cost.default_configs()}
+    snapshots, wy = by_name["ddtree N=33"], by_name["ddtree N=33 wy"]
+    assert "needs 42.6 GiB" in cost.launcher_refusal(launch_args(snapshots, models, 8), snapshots.env)
+    assert cost.launcher_refusal(launch_args(wy, models, 8), wy.env) is None
+
+
 def test_server_log_gives_the_gdn_state_sglang_allocated():
     line = ("Mamba Cache is allocated. max_mamba_cache_size: 9, conv_state size: 0.01GB, ssm_state size: 0.28GB "
             "intermediate_ssm_state_cache size: 9.28GB intermediate_conv_window_cache size: 0.19GB ")  # fmt: skip
