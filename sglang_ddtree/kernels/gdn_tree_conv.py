@@ -49,9 +49,27 @@ def _tree_parents(next_token_ptr, next_sibling_ptr, rows, valid, JUMPS: tl.const
 
 
 @triton.jit
-def _up(nodes, parents, rows):
-    """One step towards the root; past it, ``-1, -2, ...`` name the persistent window's columns from its last."""
-    return tl.where(nodes > 0, _gather(parents, nodes, rows), nodes - 1)
+def _up(nodes, parents, T):
+    """One step towards the root (``parents``: the request's row of them); past it, ``-1, -2, ...`` name the
+    persistent window's columns from its last."""
+    drafted = (nodes > 0) & (nodes < T)
+    return tl.where(nodes > 0, tl.load(parents + tl.where(drafted, nodes, 0), mask=drafted, other=-1), nodes - 1)
+
+
+@triton.jit
+def _gdn_tree_parents_kernel(
+    next_token_ptr, stride_next_token, next_sibling_ptr, stride_next_sibling, parents_ptr, stride_parents, T,
+    NP: tl.constexpr, JUMPS: tl.constexpr,
+):  # fmt: skip
+    """One request's parents from its links, once: the conv's programs (a few hundred per request) read them
+    instead of each rebuilding them with [NP, NP] gathers, which past 32 rows cost more than the conv (RESULTS run
+    71). A padded request's too: the recurrence after the conv reads every request's."""
+    i_n = tl.program_id(0)
+    rows = tl.arange(0, NP)
+    valid = rows < T
+    parents = _tree_parents(next_token_ptr + i_n * stride_next_token, next_sibling_ptr + i_n * stride_next_sibling,
+                            rows, valid, JUMPS)  # fmt: skip
+    tl.store(parents_ptr + i_n * stride_parents + rows, parents, mask=valid)
 
 
 @triton.jit
@@ -68,19 +86,14 @@ def _tap(acc, source, w_tap, x, state, stride_x_tok, stride_state_col, valid, ma
 @triton.jit
 def _gdn_tree_conv_kernel(
     x_ptr, stride_x_req, stride_x_dim, stride_x_tok, w_ptr, stride_w_dim, stride_w_tap, bias_ptr,
-    state_ptr, stride_state_slot, stride_state_dim, stride_state_col, state_indices_ptr,
-    next_token_ptr, stride_next_token, next_sibling_ptr, stride_next_sibling, parents_ptr, stride_parents,
-    inputs_ptr, stride_inputs_row, input_rows_ptr, o_ptr, stride_o_req, stride_o_dim, stride_o_tok, T, dim,
-    W: tl.constexpr, NP: tl.constexpr, JUMPS: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SILU: tl.constexpr,
+    state_ptr, stride_state_slot, stride_state_dim, stride_state_col, state_indices_ptr, parents_ptr,
+    stride_parents, inputs_ptr, stride_inputs_row, input_rows_ptr, o_ptr, stride_o_req, stride_o_dim, stride_o_tok,
+    T, dim, W: tl.constexpr, NP: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
 ):  # fmt: skip
     i_d, i_n = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, NP)
     valid = rows < T
-    parents = _tree_parents(next_token_ptr + i_n * stride_next_token, next_sibling_ptr + i_n * stride_next_sibling,
-                            rows, valid, JUMPS)  # fmt: skip
-    if i_d == 0:  # a padded request's too: the recurrence after this reads every request's
-        tl.store(parents_ptr + i_n * stride_parents + rows, parents, mask=valid)
+    parents = parents_ptr + i_n * stride_parents
     slot = tl.load(state_indices_ptr + i_n).to(tl.int64)
     if slot >= 0:  # SGLang's pad slot id is -1
         feats = i_d * BD + tl.arange(0, BD)
@@ -94,11 +107,11 @@ def _gdn_tree_conv_kernel(
         w = w_ptr + feats * stride_w_dim
         # The taps oldest input first, as SGLang's decode step sums them (W is 2, 3 or 4).
         x_tok, col = stride_x_tok, stride_state_col
-        up_1 = _up(rows, parents, rows)
+        up_1 = _up(rows, parents, T)
         if W >= 3:
-            up_2 = _up(up_1, parents, rows)
+            up_2 = _up(up_1, parents, T)
             if W == 4:
-                acc, _ = _tap(acc, _up(up_2, parents, rows), w, x, state, x_tok, col, valid, mask_f, W)
+                acc, _ = _tap(acc, _up(up_2, parents, T), w, x, state, x_tok, col, valid, mask_f, W)
             acc, _ = _tap(acc, up_2, w + (W - 3) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
         acc, _ = _tap(acc, up_1, w + (W - 2) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
         acc, own = _tap(acc, rows, w + (W - 1) * stride_w_tap, x, state, x_tok, col, valid, mask_f, W)
@@ -143,10 +156,10 @@ def _gdn_tree_conv_commit_kernel(
 
 
 def _conv_launch(NP: int) -> tuple[int, int]:
-    """(channels per program, warps): [NP, BD] tiles and the [NP, NP] one-hot gathers of the tree walk, whose
-    registers grow with NP^2 (compiled for sm_90: no spills up to 64 rows, tests/test_kernels_compile_for_hopper.py;
-    0.2 KB per thread at 128). A first choice, not yet swept on a GPU."""
-    return (64, 4) if NP <= 32 else (32, 8)
+    """(channels per program, warps): 64 channels on 4 warps up to 32 rows, as measured (RESULTS run 71), 32 past
+    them (compiled for sm_90, a [64, 64] tile spills 148 bytes per thread, [64, 32] and [128, 32] none:
+    tests/test_kernels_compile_for_hopper.py); not yet swept on a GPU."""
+    return (64, 4) if NP <= 32 else (32, 4)
 
 
 def gdn_tree_conv(
@@ -169,12 +182,15 @@ def gdn_tree_conv(
     if inputs.stride(-1) != 1 or inputs[0].numel() < T * dim:
         raise ValueError(f"gdn_tree_conv needs contiguous input rows of {T * dim} elements, got {inputs[0].numel()}")
     NP = max(2, triton.next_power_of_2(T))
+    _gdn_tree_parents_kernel[(bs,)](
+        next_token, next_token.stride(0), next_sibling, next_sibling.stride(0), parents, parents.stride(0), T, NP=NP,
+        JUMPS=NP.bit_length(), num_warps=4,
+    )  # fmt: skip
     BD, warps = _conv_launch(NP)
     out = torch.empty_like(x)
     _gdn_tree_conv_kernel[(triton.cdiv(dim, BD), bs)](
-        x, *x.stride(), weight, *weight.stride(), bias, conv_states, *conv_states.stride(), state_indices,
-        next_token, next_token.stride(0), next_sibling, next_sibling.stride(0), parents, parents.stride(0), inputs,
-        inputs.stride(0), input_rows, out, *out.stride(), T, dim, W=W, NP=NP, JUMPS=NP.bit_length(), BD=BD,
+        x, *x.stride(), weight, *weight.stride(), bias, conv_states, *conv_states.stride(), state_indices, parents,
+        parents.stride(0), inputs, inputs.stride(0), input_rows, out, *out.stride(), T, dim, W=W, NP=NP, BD=BD,
         HAS_BIAS=bias is not None, SILU=activation not in (None, False), num_warps=warps,
     )  # fmt: skip
     return out
