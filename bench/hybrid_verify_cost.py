@@ -124,7 +124,8 @@ class Config:
 def default_configs() -> list[Config]:
     """In the order they run, most telling first (a run cut by its deadline keeps the first ones)."""
     def ddtree(width: int, ssm: Optional[str] = None, model: str = "qwen36_27b", prefix: str = "") -> Config:
-        return Config(f"{prefix}ddtree N={width}" + (" ssm bf16" if ssm else ""), model, "ddtree", width, ssm)
+        return Config(f"{prefix}ddtree N={width}" + (" ssm bf16" if ssm else ""), model, "ddtree", width, ssm,
+                      env={WY_VERIFY_ENV: "0"})  # SGLang's per-node snapshots; "wy" names the default since 2026-12-06
 
     return [
         Config("ar", "qwen36_27b", "ar"), Config("mtp", "qwen36_27b", "mtp", 4), ddtree(33),
@@ -135,7 +136,7 @@ def default_configs() -> list[Config]:
         Config("mtp ssm bf16", "qwen36_27b", "mtp", 4, "bfloat16"),
         *[Config(f"ddtree N={w} wy", "qwen36_27b", "ddtree", w, env={WY_VERIFY_ENV: "1"}) for w in (33, 16, 65)],
         # the attention layers' tree verify as before the split (one FULL mask over prefix + tree), for its A/B
-        Config("ddtree N=33 full mask", "qwen36_27b", "ddtree", 33, env={SPLIT_VERIFY_ENV: "0"}),
+        Config("ddtree N=33 full mask", "qwen36_27b", "ddtree", 33, env={SPLIT_VERIFY_ENV: "0", WY_VERIFY_ENV: "0"}),
     ]  # fmt: skip
 
 

@@ -401,7 +401,8 @@ def _mamba_cache_flags(request: LaunchRequest, target_config: dict, width: int) 
 
 
 def _snapshot_free_gdn_verify() -> bool:
-    """``SGLANG_DDTREE_GDN_WY_VERIFY`` in the environment the server inherits."""
+    """DDTREE's snapshot-free GDN verify, on unless ``SGLANG_DDTREE_GDN_WY_VERIFY=0`` in the environment the
+    server inherits."""
     from sglang_ddtree.speculative.hybrid_tree_verify import wy_verify_requested
 
     return wy_verify_requested()

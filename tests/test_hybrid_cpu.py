@@ -95,6 +95,13 @@ def hf_greedy(model_path: str) -> list[list[int]]:
 # pytest-xdist deals the tests out to its two workers in file order: the DDTREE runs, the longest, go first.
 
 
+def snapshots_unless_wy(gdn_verify: str) -> dict[str, str]:
+    """The environment of each GDN verify: the snapshot-free one is the default (no variable), so the ``wy`` cases
+    test what a user gets, and their check that it ran fails should the default change; SGLang's per-node
+    snapshots are asked for."""
+    return {} if gdn_verify == "wy" else {WY_VERIFY_ENV: "0"}
+
+
 @pytest.fixture(scope="module")
 def ddtree_reports(models):
     """DDTREE on the multimodal arch, run once per (budget, GDN verify) and module worker, alone and concurrent."""
@@ -102,7 +109,7 @@ def ddtree_reports(models):
 
     def report(budget: int, gdn_verify: str, verify: str = "lean") -> dict:
         if (budget, gdn_verify, verify) not in reports:
-            env = {**({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {}),
+            env = {**snapshots_unless_wy(gdn_verify),
                    **({"SGLANG_DDTREE_LEAN_VERIFY": "0"} if verify == "sglang" else {})}  # fmt: skip
             reports[budget, gdn_verify, verify] = generate(
                 {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
@@ -168,7 +175,7 @@ def test_budget_auto_changes_the_gdn_verify_width_step_to_step_and_stays_exact(
     table = tmp_path / "steps.json"  # alone only the middle width pays; four at a time only bonus-only verifies do
     table.write_text(json.dumps({"widths": widths, "batch_sizes": [1, 4],
                                  "step_ms": [[1000.0, 1.0, 1000.0], [1.0, 1000.0, 1000.0]]}))  # fmt: skip
-    env = {"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), **({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {})}
+    env = {"SGLANG_DDTREE_STEP_TIME_TABLE": str(table), **snapshots_unless_wy(gdn_verify)}
     report = generate(
         {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
          "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": widths[-1]},
@@ -223,7 +230,7 @@ def test_tensor_parallel_ranks_build_identical_trees_through_the_gdn_layers(tmp_
         {**exact_engine_args(target), "tp_size": 2, "speculative_algorithm": "DDTREE",
          "speculative_draft_model_path": drafter, "speculative_num_draft_tokens": 33},
         prompts, GREEDY, env={**EXACT_ENV, "SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_DDTREE_CHECK_TP_TREES": "1",
-                              **({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {})},
+                              **snapshots_unless_wy(gdn_verify)},
     )  # fmt: skip
     assert report["sequential"]["output_ids"] == expected
     if gdn_verify == "wy":
@@ -264,7 +271,7 @@ def test_a_prefix_cache_hit_continues_as_the_full_prefill_does(models, two_turns
          "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 9,
          "disable_radix_cache": False, "mamba_radix_cache_strategy": "extra_buffer",
          "mamba_track_interval": PREFIX_TRACK_INTERVAL},
-        two_turns["prompts"], TURN, env={**EXACT_ENV, **({WY_VERIFY_ENV: "1"} if gdn_verify == "wy" else {})},
+        two_turns["prompts"], TURN, env={**EXACT_ENV, **snapshots_unless_wy(gdn_verify)},
     )  # fmt: skip
     run = report["sequential"]
     assert run["output_ids"] == two_turns["answers"]

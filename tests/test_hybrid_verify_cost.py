@@ -31,7 +31,7 @@ def test_every_configuration_is_accepted_by_the_launcher(models):
     configs = cost.default_configs()
     assert {c.width for c in configs if c.algo == "ddtree"} == set(cost.WIDTHS)
     for config in configs:
-        assert cost.launcher_refusal(launch_args(config, models, 1)) is None, config.name
+        assert cost.launcher_refusal(launch_args(config, models, 1), config.env) is None, config.name
 
 
 def test_on_an_h200_the_widest_fp32_tree_fits_one_request_but_not_eight(models, tmp_path, monkeypatch):
@@ -39,10 +39,10 @@ def test_on_an_h200_the_widest_fp32_tree_fits_one_request_but_not_eight(models, 
     ~75.5 GiB the 50.9 GiB of weights leave at --mem-fraction-static 0.9; bf16 states halve that."""
     monkeypatch.setenv("PATH", with_fake_gpu(tmp_path, 143771)["PATH"])  # an H200
     widest = next(c for c in cost.default_configs() if c.name == "ddtree N=65")
-    assert "needs 83.9 GiB" in cost.launcher_refusal(launch_args(widest, models, 8))
-    assert cost.launcher_refusal(launch_args(widest, models, 1)) is None
+    assert "needs 83.9 GiB" in cost.launcher_refusal(launch_args(widest, models, 8), widest.env)
+    assert cost.launcher_refusal(launch_args(widest, models, 1), widest.env) is None
     bf16 = next(c for c in cost.default_configs() if c.name == "ddtree N=65 ssm bf16")
-    assert cost.launcher_refusal(launch_args(bf16, models, 8)) is None
+    assert cost.launcher_refusal(launch_args(bf16, models, 8), bf16.env) is None
 
 
 def test_the_wy_configurations_are_checked_with_their_smaller_state(models, tmp_path, monkeypatch):

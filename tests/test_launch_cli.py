@@ -441,10 +441,13 @@ def test_no_buffer_runs_once_overlap_is_off(hybrid):
     assert argv.count("--mamba-radix-cache-strategy") == 1 and flag(argv, "--mamba-radix-cache-strategy") == "no_buffer"
 
 
-def big_dry_run(hybrid, tmp_path, *args: str, gpu_mib: int = H200_MIB) -> subprocess.CompletedProcess:
+def big_dry_run(hybrid, tmp_path, *args: str, gpu_mib: int = H200_MIB, snapshots: bool = True
+                ) -> subprocess.CompletedProcess:  # fmt: skip
+    """A dry run at Qwen3.6-27B's shape on a GPU of ``gpu_mib``; ``snapshots``: DDTREE with SGLang's per-node GDN
+    states (``SGLANG_DDTREE_GDN_WY_VERIFY=0``), whose size the checks below are about, else the default."""
     drafter = ["--draft-model-path", hybrid["big_drafter"]] if "ddtree" in args else []
-    return launch("--model-path", hybrid["big"], *drafter, "--load-format", "dummy", *args, "--dry-run",
-                  env=with_fake_gpu(tmp_path, gpu_mib))  # fmt: skip
+    env = {**with_fake_gpu(tmp_path, gpu_mib), **({"SGLANG_DDTREE_GDN_WY_VERIFY": "0"} if snapshots else {})}
+    return launch("--model-path", hybrid["big"], *drafter, "--load-format", "dummy", *args, "--dry-run", env=env)
 
 
 @pytest.mark.parametrize("tp, running", [("1", "6"), ("2", "18")])
@@ -458,15 +461,14 @@ def test_ddtree_at_qwen36_27b_shape_runs_as_many_requests_as_their_node_states_f
     assert flag(shlex.split(result.stdout)[3:], "--max-running-requests") == running
 
 
-def test_the_snapshot_free_gdn_verify_lets_sglangs_48_running_requests_fit(hybrid, tmp_path):
-    """``SGLANG_DDTREE_GDN_WY_VERIFY=1``: a request slot holds only the workspace, one SSM state per GDN layer with
-    every node's conv input in it (``gdn_workspace_pool``): 48 x 3 MiB = 144 MiB at TP=1 instead of 4.73 GiB, so
-    49 slots take 6.9 GiB of the 34.3 GiB half and SGLang's own 48 requests stand; 48 requests asked for
-    explicitly are no longer refused."""
-    env = {**with_fake_gpu(tmp_path, H200_MIB), "SGLANG_DDTREE_GDN_WY_VERIFY": "1"}
+@pytest.mark.parametrize("gpu_mib", [H200_MIB, 81559], ids=["h200", "h100"])
+def test_the_default_snapshot_free_gdn_verify_lets_sglangs_48_running_requests_fit(hybrid, tmp_path, gpu_mib):
+    """By default a request slot holds only the workspace, one SSM state per GDN layer with every node's conv input
+    in it (``gdn_workspace_pool``): 48 x 3 MiB = 144 MiB at TP=1 instead of 4.73 GiB, so 49 slots take 6.9 GiB of
+    the 34.3 GiB half on an H200 (of the 8.4 GiB half on an 80 GB card, where the snapshots fit no request) and
+    SGLang's own 48 requests stand; 48 requests asked for explicitly are no longer refused."""
     for extra in ([], ["--max-running-requests", "48"]):
-        result = launch("--model-path", hybrid["big"], "--draft-model-path", hybrid["big_drafter"], "--load-format",
-                        "dummy", "--algo", "ddtree", *extra, "--dry-run", env=env)  # fmt: skip
+        result = big_dry_run(hybrid, tmp_path, "--algo", "ddtree", *extra, gpu_mib=gpu_mib, snapshots=False)
         assert result.returncode == 0, result.stderr
         argv = shlex.split(result.stdout)[3:]
         assert argv.count("--max-running-requests") == len(extra) // 2  # the user's, or none: SGLang's own 48

@@ -1,6 +1,6 @@
 """The snapshot-free GDN tree verify's per-request buffer: one workspace row per GDN layer, a few SSM states' worth,
 that holds the recurrence's commit data and every tree node's conv input, not an SSM state and a conv window per
-node (``SGLANG_DDTREE_GDN_WY_VERIFY=1``).
+node (the default for float32 states; ``SGLANG_DDTREE_GDN_WY_VERIFY=0`` keeps SGLang's buffers).
 
 For the tree verify of a hybrid GDN target SGLang 0.5.17 gives every request slot, in every GDN layer, N SSM
 states (``MambaPool``'s ``intermediate_ssm``, ``[layers, max_running_requests + 1, N, HV, V, K]``, N =

@@ -1,5 +1,6 @@
-"""DDTREE's snapshot-free tree verify through Gated DeltaNet layers (``SGLANG_DDTREE_GDN_WY_VERIFY=1``, opt-in until
-the GPU suite has run it under sampling and with the prefix cache: issue 17).
+"""DDTREE's snapshot-free tree verify through Gated DeltaNet layers (issue 17): on by default, lossless on the GPU
+suite (greedy, graphs, prefix cache, sampling) and faster than SGLang's per-node snapshots (RESULTS runs 71-73);
+``SGLANG_DDTREE_GDN_WY_VERIFY=0`` keeps SGLang's path.
 
 SGLang 0.5.17 verifies a tree through a GDN layer node by node: its conv (``causal_conv1d_update`` with
 ``retrieve_next_token / sibling``) writes every node's conv window to the layer's ``intermediate_conv_window``
@@ -39,7 +40,7 @@ _warned = False
 
 
 def wy_verify_requested() -> bool:
-    return env_flag(WY_VERIFY_ENV)
+    return env_flag(WY_VERIFY_ENV, default=True)
 
 
 def serving_ddtree() -> bool:
@@ -54,8 +55,8 @@ def float32_states(dtype: torch.dtype) -> bool:
     if dtype == torch.float32:
         return True
     if not _warned:
-        logger.warning("%s=1 needs float32 GDN states; %s states keep SGLang's per-node snapshots", WY_VERIFY_ENV,
-                       dtype)  # fmt: skip
+        logger.warning("DDTREE's snapshot-free GDN verify (%s) needs float32 GDN states; %s states keep SGLang's "
+                       "per-node snapshots", WY_VERIFY_ENV, dtype)  # fmt: skip
         _warned = True
     return False
 

@@ -64,11 +64,14 @@ FLAGS = [
 TARGET, TEXT_TARGET, DRAFTER = f"{MODELS}/qwen35", f"{MODELS}/qwen35_text", f"{MODELS}/dflash_swa"
 DDTREE = ["--algo", "ddtree", "--draft-model-path", DRAFTER, "--budget", str(BUDGET)]
 NO_RADIX = ["--disable-radix-cache"]
+# SGLang's per-node GDN snapshots; the snapshot-free verify (the default since 2026-12-06) is the `ddtree_wy` kinds.
+SNAPSHOTS = {"SGLANG_DDTREE_GDN_WY_VERIFY": "0"}
 SERVERS = {  # kind: (launcher arguments, environment)
     "ar": (["--algo", "ar", "--model-path", TARGET, *NO_RADIX], {}),
-    "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX], {"SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
-    "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], {}),
-    "ddtree_radix": ([*DDTREE, "--model-path", TARGET], {}),
+    "ddtree_graphs": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
+                      {**SNAPSHOTS, "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
+    "ddtree_eager": ([*DDTREE, "--model-path", TARGET, *NO_RADIX, "--disable-cuda-graph"], SNAPSHOTS),
+    "ddtree_radix": ([*DDTREE, "--model-path", TARGET], SNAPSHOTS),
     "ddtree_wy_radix": ([*DDTREE, "--model-path", TARGET], {"SGLANG_DDTREE_GDN_WY_VERIFY": "1"}),
     # issue 17's snapshot-free GDN tree verify, graph replays checked against eager re-runs too
     "ddtree_wy": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
@@ -76,7 +79,7 @@ SERVERS = {  # kind: (launcher arguments, environment)
     # --budget auto with verify graphs per width (a GDN backend per width; opt-in on hybrid targets until this
     # passes), suite_servers.AUTO_STEP_MS's table (the budget arguments are added by the servers fixture)
     "ddtree_auto": ([*DDTREE[:-2], "--model-path", TARGET, *NO_RADIX],
-                    {"SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
+                    {**SNAPSHOTS, "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
     "mtp": (["--algo", "mtp", "--model-path", TARGET, *NO_RADIX], {}),
     "dflash": (["--algo", "dflash", "--model-path", TARGET, "--draft-model-path", DRAFTER, *NO_RADIX], {}),
     "ddtree_text": ([*DDTREE, "--model-path", TEXT_TARGET, *NO_RADIX], {}),
