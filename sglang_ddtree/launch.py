@@ -418,6 +418,8 @@ def _running_requests_flags(
         return []
     gpu_bytes = _gpu_memory_bytes()
     weight_bytes = _weight_bytes_per_rank(request, target_config)
+    if weight_bytes is not None:
+        weight_bytes += _drafter_bytes_per_rank(request, target_config)
     if gpu_bytes is None or weight_bytes is None:
         return []  # SGLang checks after loading the weights
     fraction = _number_flag(request.passthrough, "--mem-fraction-static", float, ASSUMED_MEM_FRACTION_STATIC)
@@ -476,6 +478,21 @@ def _weight_bytes_per_rank(request: LaunchRequest, target_config: dict) -> Optio
         return None
     dtype = _flag_value(request.passthrough, "--dtype") or model_configs.auto_dtype(target_config)
     return parameters * (4 if dtype == "float32" else 2) // request.tp
+
+
+def _drafter_bytes_per_rank(request: LaunchRequest, target_config: dict) -> int:
+    """A DFlash drafter's weights beside the target's (SGLang counts both before sizing its pools: RESULTS run 73's
+    DFLASH server passed a check without them and failed at start), from its files or, for ``--load-format dummy``
+    (which SGLang applies to the drafter too) and hub ids, its own parameters in the target's dtype."""
+    if request.algo not in ("dflash", "ddtree") or not request.draft_model_path:
+        return 0
+    files = glob.glob(os.path.join(request.draft_model_path, "*.safetensors"))
+    if files and _flag_value(request.passthrough, "--load-format") != "dummy":
+        return sum(os.path.getsize(f) for f in files) // request.tp
+    parameters = model_configs.dflash_drafter_parameter_count(
+        model_configs.load_config(request.draft_model_path, role="drafter"))
+    dtype = _flag_value(request.passthrough, "--dtype") or model_configs.auto_dtype(target_config)
+    return (parameters or 0) * (4 if dtype == "float32" else 2) // request.tp
 
 
 def exposure_warning(request: LaunchRequest) -> Optional[str]:

@@ -112,9 +112,7 @@ def parameter_count(config: dict[str, Any]) -> int | None:
         kv_heads, intermediate = int(cfg.get("num_key_value_heads", heads)), int(cfg["intermediate_size"])
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    query_width = heads * head_dim * (2 if cfg.get("attn_output_gate") else 1)
-    attention = hidden * query_width + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-    mlp = 3 * hidden * intermediate
+    attention, mlp = _attention_and_mlp(hidden, heads, head_dim, kv_heads, intermediate, cfg.get("attn_output_gate"))
     from sglang_ddtree.speculative.hybrid_targets import gdn_layer_count
 
     gdn_layers = gdn_layer_count(config) if isinstance(cfg.get("linear_num_value_heads"), int) else 0
@@ -127,6 +125,31 @@ def parameter_count(config: dict[str, Any]) -> int | None:
     mtp = num_mtp_layers(config) * (attention + mlp + 2 * hidden * hidden)
     embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings", config.get("tie_word_embeddings")) else 2)
     return embeddings + gdn_layers * gdn + (layers - gdn_layers) * attention + layers * mlp + mtp
+
+
+def dflash_drafter_parameter_count(config: dict[str, Any]) -> int | None:
+    """Parameters a DFlash drafter loads of its own: its layers and the projection of the target's features (one
+    hidden state per target layer it reads) into its hidden size. Its embeddings and LM head are the target's
+    (SGLang shares them). z-lab/Qwen3.6-27B-DFlash's layout: 1.73e9, 3.22 GiB in bf16 (SGLang reported 3.38 GB
+    loaded, RESULTS run 73); None when the config lacks the fields."""
+    try:
+        hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        kv_heads, intermediate = int(config.get("num_key_value_heads", heads)), int(config["intermediate_size"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    layer_ids = (config.get("dflash_config") or {}).get("target_layer_ids", config.get("target_layer_ids")) or []
+    attention, mlp = _attention_and_mlp(hidden, heads, head_dim, kv_heads, intermediate, False)
+    return layers * (attention + mlp) + len(layer_ids) * hidden * hidden
+
+
+def _attention_and_mlp(hidden: int, heads: int, head_dim: int, kv_heads: int, intermediate: int,
+                       output_gate: Any) -> tuple[int, int]:  # fmt: skip
+    """One layer's attention (q with its output gate where there is one, k, v, o) and gated MLP parameters."""
+    query_width = heads * head_dim * (2 if output_gate else 1)
+    attention = hidden * query_width + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    return attention, 3 * hidden * intermediate
 
 
 MTP_LAYER_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")

@@ -56,6 +56,18 @@ def test_the_wy_configurations_are_checked_with_their_smaller_state(models, tmp_
     assert cost.launcher_refusal(launch_args(wy, models, 8), wy.env) is None
 
 
+def test_on_an_h100_dflash_at_eight_requests_is_refused_counting_its_drafters_weights(models, tmp_path, monkeypatch):
+    """RESULTS run 73: DFLASH's chain of 16 with 8 requests (20.6 GiB of per-node states) passed the launcher's
+    check against the 20.8 GiB the target's weights leave at --mem-fraction-static 0.9, and SGLang, which counts
+    the drafter's 3.4 GB too, failed at start. With the drafter's 3.2 GiB counted the dry run refuses it, so the
+    bench serves DFLASH at batch 1 there."""
+    monkeypatch.setenv("PATH", with_fake_gpu(tmp_path, 81559)["PATH"])  # an H100
+    dflash = next(c for c in cost.default_configs() if c.name == "dflash")
+    refusal = cost.launcher_refusal(launch_args(dflash, models, 8), dflash.env)
+    assert "needs 20.6 GiB" in refusal and "54.1 GiB of weights" in refusal, refusal
+    assert cost.launcher_refusal(launch_args(dflash, models, 1), dflash.env) is None
+
+
 def test_server_log_gives_the_gdn_state_sglang_allocated():
     line = ("Mamba Cache is allocated. max_mamba_cache_size: 9, conv_state size: 0.01GB, ssm_state size: 0.28GB "
             "intermediate_ssm_state_cache size: 9.28GB intermediate_conv_window_cache size: 0.19GB ")  # fmt: skip
