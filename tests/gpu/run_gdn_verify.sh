@@ -6,9 +6,11 @@
 #     bench   one GDN layer's verify, conv and commit, ours against SGLang's, TP 1 and TP 2 heads (bench.gdn_tree_kernel)
 #     specs   the CPU kernel specifications on CUDA (tests/test_gdn_tree_kernels.py, _conv.py, test_wy_commit_hook.py)
 #     served  the hybrid suite's WY server: greedy, graph replay == eager, prefix-cache hit, sampled
+#     table   the served step at Qwen3.6-27B's shape side by side: the WY verify, SGLang's snapshots, DFLASH's chain
+#             (bench.hybrid_verify_cost with GDN kernel profiles; not in the default list: a call of its own)
 # Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz); optional .gpu/jitcache.tgz.part*.
 # GPU_RUN_DEADLINE_S (default 570) is the whole call's budget from the start of this script. Writes into $OUT:
-# gdn_verify.log (every part's output), bench.tgz (the bench's reports), the suite's gpu_suite.log / .jsonl,
+# gdn_verify.log (every part's output), bench.tgz (the bench's reports), hvc.tgz (the table's), the suite's gpu_suite.log / .jsonl,
 # server_logs.tgz, then the JIT cache pieces (a call returns 8 files: with three or more pieces the last is lost).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -38,7 +40,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 parts=("$@")
 (( ${#parts[@]} )) || parts=(exact bench specs served)
 for name in "${parts[@]}"; do
-  [[ " exact bench specs served " == *" $name "* ]] || { echo "unknown part '$name' (exact, bench, specs, served)" | tee -a "$LOG"; exit 2; }
+  [[ " exact bench specs served table " == *" $name "* ]] || { echo "unknown part '$name' (exact, bench, specs, served, table)" | tee -a "$LOG"; exit 2; }
 done
 for name in "${parts[@]}"; do
   case "$name" in
@@ -54,6 +56,12 @@ for name in "${parts[@]}"; do
     served)
       GPU_SUITE_BACKENDS=flashinfer GPU_SUITE_PREFILL_GRAPHS=0 part served 240 bash tests/gpu/run_suite.sh tests/gpu/test_gpu_hybrid.py \
         -k "flashinfer and (ddtree_wy or ddtree_wy_radix or (sampled and ddtree_graphs))" ;;
+    table)
+      [ -d /tmp/tiny_models/qwen35 ] || python3 tests/tiny_models.py --out /tmp/tiny_models >>"$LOG" 2>&1
+      part table 200 python3 -m bench.hybrid_verify_cost --tokenizer-path /tmp/tiny_models/qwen35 --out "$OUT/hvc" \
+        --resume --deadline-s "$(( $(left) - 30 ))" --only "ddtree N=33 wy,dflash,ddtree N=33,ddtree N=16 wy,ddtree N=65 wy" \
+        --kernel-profile "ddtree N=33 wy,dflash,ddtree N=33"
+      [ -d "$OUT/hvc" ] && tar -czf "$OUT/hvc.tgz" -C "$OUT" hvc && rm -r "$OUT/hvc" ;;
   esac
 done
 tar -czf "$OUT/server_logs.tgz" -C "${TMPDIR:-/tmp}" $(cd "${TMPDIR:-/tmp}" && ls sglang_ddtree_server_*.log 2>/dev/null) \
