@@ -8,8 +8,9 @@ SSM dtype and, for trees, dense ``intermediate_conv_window`` ``[gdn_layers, slot
 in the conv dtype), then copies the last accepted node's state into the request's own. That scratch is reserved for
 every running request at the full verify width N, so it, not the KV cache, caps a DDTree server's concurrency on a
 large hybrid model: Qwen3.6-27B at TP=2 needs ~73 MiB per node per request slot (fp32 SSM state); DDTREE's
-snapshot-free verify (the default; ``SGLANG_DDTREE_GDN_WY_VERIFY=0`` turns it off) needs only a workspace of a few SSM states, which also
-holds every node's conv input (``gdn_workspace_pool``): one state per GDN layer up to 45 nodes at that shape.
+snapshot-free verify (the default; ``SGLANG_DDTREE_GDN_WY_VERIFY=0`` turns it off) needs only a workspace of a few
+SSM states, which also holds every node's conv input (``gdn_workspace_pool``): one state per GDN layer up to 45
+nodes at that shape.
 
 The sizes here are computed from ``config.json`` alone, without importing SGLang, so the launcher can refuse (or
 size) a configuration in a second instead of failing after the weights load.
