@@ -95,6 +95,24 @@ def accepted_drafts_of_tree_verifies(report: dict, modes: tuple[str, ...], new_t
     return accepted
 
 
+def accept_histogram(report: dict, modes: tuple[str, ...]) -> list[int]:
+    """Verifies by drafts accepted, over every request of ``modes`` in an engine report."""
+    histogram: list[int] = []
+    for mode in modes:
+        for meta in report[mode]["meta_info"]:
+            per_request = meta["spec_accept_histogram"]
+            histogram += [0] * (len(per_request) - len(histogram))
+            for accepted, count in enumerate(per_request):
+                histogram[accepted] += count
+    return histogram
+
+
+def deep_verifies(report: dict, modes: tuple[str, ...]) -> int:
+    """Verifies that accepted two drafts or more: paths through depth 2 of the tree, where a verify's mask rows,
+    positions and state links first differ from a chain of one draft."""
+    return sum(accept_histogram(report, modes)[2:])
+
+
 def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
     data = None if payload is None else json.dumps(payload).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})

@@ -11,7 +11,14 @@ import json
 
 import pytest
 
-from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
+from support import (
+    CONCURRENT_REQUESTS,
+    CPU_ENGINE_ARGS,
+    accept_histogram,
+    accepted_drafts_of_tree_verifies,
+    deep_verifies,
+    run_engine_generate,
+)
 from tiny_models import TinyShape, fit_dflash_drafter, make_qwen3_target
 
 pytestmark = pytest.mark.slow
@@ -65,21 +72,6 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], BLOCK_SIZE)
     if budget >= 8:  # paths past depth 1 accepted, each prompt once on average, so depth 2's nodes were tested
         assert deep_verifies(report, modes) >= len(PROMPTS), accept_histogram(report, modes)
-
-
-def accept_histogram(report: dict, modes: tuple[str, ...]) -> list[int]:
-    """Verifies by drafts accepted, over every request of ``modes``."""
-    histogram = [0] * BLOCK_SIZE
-    for mode in modes:
-        for meta in report[mode]["meta_info"]:
-            for accepted, count in enumerate(meta["spec_accept_histogram"]):
-                histogram[accepted] += count
-    return histogram
-
-
-def deep_verifies(report: dict, modes: tuple[str, ...]) -> int:
-    """Verifies that accepted two drafts or more."""
-    return sum(accept_histogram(report, modes)[2:])
 
 
 SGLANG_VERIFY = {"SGLANG_DDTREE_LEAN_VERIFY": "0"}  # every batch through SGLang's EAGLE verify

@@ -3,8 +3,11 @@
 1. SGLang's greedy output is token-identical to HF transformers' float32 greedy, for the multimodal checkpoint
    arch the real models ship (``Qwen3_5ForConditionalGeneration``) and the text-only one.
 2. DDTREE on the multimodal arch is token-identical to AR greedy on the same engine, alone and batched, with
-   drafted nodes accepted: tree verify through the GDN layers (each node's conv window and recurrent state
-   continue from its parent's), the commit of the accepted path's states and the KV compaction are exact.
+   paths of two drafts and more accepted: tree verify through the GDN layers (each node's conv window and recurrent
+   state continue from its parent's), the commit of the accepted path's states and the KV compaction are exact.
+   The target's GDN states remember tens of tokens and its tokens depend on them, and the drafter is fitted to the
+   target's continuations of the prompts (``tiny_models.fit_dflash_drafter``): faults in the snapshot-free verify
+   and commit at depth 2 change the outputs (the fault tests, ``cpu_shims/ddtree_test_faults.py``).
 3. Upstream NEXTN (the checkpoint's MTP layer, chain verify) and DFLASH are token-identical to AR greedy too.
 4. The text-only arch drafts from the same target layers (same trees), and at TP=2, with the GDN heads split over
    the ranks, both ranks build the same trees and the output stays AR's.
@@ -24,8 +27,15 @@ import torch
 
 from sglang_ddtree.speculative.gdn_workspace_pool import workspace_slots
 from sglang_ddtree.speculative.hybrid_tree_verify import WY_VERIFY_ENV
-from support import CONCURRENT_REQUESTS, CPU_ENGINE_ARGS, accepted_drafts_of_tree_verifies, run_engine_generate
-from tiny_models import HybridShape, make_qwen35_hybrid_target, make_swa_dflash_drafter
+from support import (
+    CONCURRENT_REQUESTS,
+    CPU_ENGINE_ARGS,
+    accept_histogram,
+    accepted_drafts_of_tree_verifies,
+    deep_verifies,
+    run_engine_generate,
+)
+from tiny_models import HybridShape, fit_dflash_drafter, make_qwen35_hybrid_target, make_swa_dflash_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +43,7 @@ CPU_SHAPE = HybridShape(
     hidden_size=64, intermediate_size=128, num_layers=6, full_attention_interval=3, num_heads=2, num_kv_heads=1,
     linear_num_key_heads=1, linear_num_value_heads=1, linear_head_dim=32,
 )  # fmt: skip
-DRAFT_BLOCK_SIZE = 8  # make_swa_dflash_drafter's; its sliding-window layer sees the last 16 positions
+DRAFT_BLOCK_SIZE = 8  # both drafters'; the sliding-window one's window layer sees the last 16 positions
 VOCAB = CPU_SHAPE.vocab_size
 # Four prompts, two shorter and two longer than the drafter's window (16); the second one's generation crosses it.
 PROMPTS = [[(7 * i + 3 * j) % (VOCAB - 4) + 4 for j in range(length)] for i, length in enumerate([3, 12, 19, 27])]
@@ -47,11 +57,19 @@ GDN_CONV_INPUT_BYTES = 3 * 32 * 4  # one token's q, k and v (one head of dim 32 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """The two archs of one language model; ``drafter``: fitted to its continuations of :data:`PROMPTS` (three target
+    layers, 600 steps, ~50 s), whose trees are accepted two and three drafts deep (accept histogram [8, 4, 4, 8] over
+    the verifies of the prompts alone and four at a time at budget 8, [8, 4, 2, 10] at 32; a random drafter's
+    [19, 5, 0, 0] over the prompts alone never went past the first draft);
+    ``swa_drafter``: random, z-lab's sliding-window layout, for DFLASH's window."""
     root = tmp_path_factory.mktemp("hybrid_models")
+    text = make_qwen35_hybrid_target(str(root / "qwen35_text"), CPU_SHAPE, arch="Qwen3_5ForCausalLM")
     return {
         "multimodal": make_qwen35_hybrid_target(str(root / "qwen35"), CPU_SHAPE),
-        "text": make_qwen35_hybrid_target(str(root / "qwen35_text"), CPU_SHAPE, arch="Qwen3_5ForCausalLM"),
-        "drafter": make_swa_dflash_drafter(
+        "text": text,
+        "drafter": fit_dflash_drafter(text, str(root / "dflash"), PROMPTS, DRAFT_BLOCK_SIZE, steps=600,
+                                      random_prompts=16, lr=5e-3, num_features=3),
+        "swa_drafter": make_swa_dflash_drafter(
             str(root / "dflash_swa"),
             target_num_layers=CPU_SHAPE.num_layers,
             hidden_size=CPU_SHAPE.hidden_size,
@@ -77,17 +95,19 @@ def ar_outputs(models):
 
 
 def hf_greedy(model_path: str) -> list[list[int]]:
+    """HF's float32 greedy with the EOS a token like any other, as ``ignore_eos`` has it (``min_new_tokens`` would
+    suppress it instead: the tiny target's first prompt continues with it)."""
     import transformers
 
     arch = transformers.AutoConfig.from_pretrained(model_path).architectures[0]
     model = getattr(transformers, arch).from_pretrained(model_path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
     outputs = []
     with torch.no_grad():
         for prompt in PROMPTS:
             ids = torch.tensor([prompt])
-            new_tokens = GREEDY["max_new_tokens"]
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens)  # fmt: skip
+                                 max_new_tokens=GREEDY["max_new_tokens"], pad_token_id=0)  # fmt: skip
             outputs.append(out[0, len(prompt) :].tolist())
     return outputs
 
@@ -160,8 +180,9 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     assert report["concurrent"]["output_ids"] == ar_outputs[:CONCURRENT_REQUESTS]
     modes = ("sequential", "concurrent")
     assert all(meta["spec_verify_ct"] >= 2 for mode in modes for meta in report[mode]["meta_info"])
-    # Otherwise this test could not tell a tree verify from a bonus-only one.
-    assert accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], DRAFT_BLOCK_SIZE) > 0
+    accepted_drafts_of_tree_verifies(report, modes, GREEDY["max_new_tokens"], DRAFT_BLOCK_SIZE)
+    # Paths through depth 2 and deeper, once per prompt on average: their GDN states were verified and committed.
+    assert deep_verifies(report, modes) >= len(PROMPTS), accept_histogram(report, modes)
 
 
 @pytest.mark.parametrize("gdn_verify, widths", [("snapshots", [1, 9, 33]), ("wy", [1, 5, 9])], ids=["snapshots", "wy"])
@@ -282,28 +303,41 @@ def test_a_prefix_cache_hit_continues_as_the_full_prefill_does(models, two_turns
         assert report["scheduler_states"][0]["ddtree_gdn_wy_verify"]["commits"] > 0
 
 
-def test_the_tiny_hybrids_tokens_depend_on_its_gdn_layers(models):
+def test_the_tiny_hybrids_tokens_depend_on_its_gdn_layers_and_their_memory(models):
     """What lets the tests above see a wrong GDN state: along the tiny target's own greedy continuation of each
     prompt (HF, float32), the next-token argmax changes at most positions without its GDN layers' outputs
-    (tiny_models.GDN_OUTPUT_GAIN; a random init's GDN layers changed 0-2 of 24)."""
+    (tiny_models.GDN_OUTPUT_GAIN; a random init's GDN layers changed 0-2 of 24), and at most positions when their
+    states forget every earlier token (tiny_models.GDN_DT_RANGE; with the init's decay, e^-17 per token, a commit of
+    the wrong node's state, even the root's, changed no output)."""
     import transformers
 
     model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(models["multimodal"], dtype=torch.float32)
     model.eval()
+    gdn_layers = [module for module in model.modules() if type(module).__name__.endswith("GatedDeltaNet")]
     gdn_scale = [1.0]
-    for module in model.modules():
-        if type(module).__name__.endswith("GatedDeltaNet"):
-            module.register_forward_hook(lambda _module, _inputs, output: output * gdn_scale[0])
+    for module in gdn_layers:
+        module.register_forward_hook(lambda _module, _inputs, output: output * gdn_scale[0])
+    decays = [module.A_log.data.clone() for module in gdn_layers]
+
+    def next_tokens(sequence: torch.Tensor, start: int) -> torch.Tensor:
+        return model(input_ids=sequence).logits[0, start - 1 : -1].argmax(-1)
+
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
         with torch.no_grad():
             sequence = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                       max_new_tokens=24, min_new_tokens=24)  # fmt: skip
-            with_gdn = model(input_ids=sequence).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            with_gdn = next_tokens(sequence, len(prompt))
             gdn_scale[0] = 0.0
-            without_gdn = model(input_ids=sequence).logits[0, len(prompt) - 1 : -1].argmax(-1)
+            without_gdn = next_tokens(sequence, len(prompt))
             gdn_scale[0] = 1.0
+            for module in gdn_layers:
+                module.A_log.data.fill_(20.0)  # decay exp(-e^20 dt) per token: the state holds the last token alone
+            without_memory = next_tokens(sequence, len(prompt))
+            for module, decay in zip(gdn_layers, decays):
+                module.A_log.data.copy_(decay)
         assert int((with_gdn != without_gdn).sum()) >= 12, (prompt, with_gdn.tolist(), without_gdn.tolist())
+        assert int((with_gdn != without_memory).sum()) >= 12, (prompt, with_gdn.tolist(), without_memory.tolist())
 
 
 def test_prefill_delta_rule_reference_matches_sglang_recurrent_kernel():
@@ -377,9 +411,25 @@ def test_text_arch_ar_greedy_equals_hf_float32_greedy(models):
 def test_upstream_speculative_greedy_equals_ar_greedy(models, ar_outputs, algorithm):
     spec_args = {
         "NEXTN": {"speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
-        "DFLASH": {"speculative_draft_model_path": models["drafter"]},
+        "DFLASH": {"speculative_draft_model_path": models["swa_drafter"]},
     }[algorithm]
     engine_args = {**exact_engine_args(models["multimodal"]), "speculative_algorithm": algorithm, **spec_args}
     report = generate(engine_args, PROMPTS[2:])  # the two prompts longer than the drafter's window
     assert report["sequential"]["output_ids"] == ar_outputs[2:]
     assert all(meta["spec_verify_ct"] > 0 for meta in report["sequential"]["meta_info"])
+
+
+@pytest.mark.parametrize("fault", ["gdn_deep_nodes_skip_their_parent", "gdn_commit_one_node_short"])
+def test_the_greedy_comparison_fails_a_gdn_verify_with_a_fault_at_depth_two(models, ar_outputs, fault):
+    """The exactness tests above can see a wrong snapshot-free GDN verify: a fault injected by the CPU shims
+    (``cpu_shims/ddtree_test_faults.py``: nodes at depth 2 and deeper continuing from their grandparent's state,
+    or the state committed for an accepted node at depth 2 or deeper being its parent's) changes some of the four
+    outputs (measured: 3 and 3 of 4). With the init's decay (the state forgot each token) and a random drafter
+    (paths never past depth 1) the commit fault passed as exact, even committing the root's state."""
+    report = generate(
+        {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
+         "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 9},
+        env={"DDTREE_TEST_FAULT": fault},
+    )  # fmt: skip
+    differing = sum(out != ar for out, ar in zip(report["sequential"]["output_ids"], ar_outputs))
+    assert differing > 0, f"{fault}: the exactness tests would pass a GDN verify with this fault"

@@ -14,6 +14,7 @@ import argparse
 import glob
 import hashlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -162,19 +163,23 @@ def make_dflash_drafter(
 
 
 def fit_dflash_drafter(target_dir: str, out_dir: str, prompts: list[list[int]], block_size: int,
-                       new_tokens: int = 24, steps: int = 300) -> str:  # fmt: skip
+                       new_tokens: int = 24, steps: int = 300, random_prompts: int = 48, lr: float = 2e-3,
+                       num_features: int = 1) -> str:  # fmt: skip
     """A one-layer drafter trained by the package's trainer on the target's greedy continuations of ``prompts``
-    (token ids, sent raw) and of 48 random prompts (~20 s on the CPU).
+    (token ids, sent raw) and of ``random_prompts`` random ones (~20 s on the CPU for the dense tests' defaults),
+    reading ``num_features`` target layers.
 
     A random drafter's trees are accepted past their first draft almost never (the 4-layer exactness target,
     budget 8, its 8 prompts, with the QK-norm gain: accept histogram [75, 7, 0, 0] over the verifies; [62, 13, 0, 0]
     without it), so a verify's faults at depth 2 and deeper (positions, mask rows, the KV move) could not change an
-    output; this drafter's trees are accepted at every depth ([9, 24, 10, 2]). Trained on the 8 prompts alone it overfits ([34, 8, 0, 10]). The first prompts of
-    the trainer's pool are held out: 8 more random ones go first.
+    output; this drafter's trees are accepted at every depth ([9, 24, 10, 2]). Trained on the 8 prompts alone it
+    overfits ([34, 8, 0, 10]). The tiny hybrid's (tests/test_hybrid_cpu.py) takes 600 steps at a higher rate over
+    fewer random prompts to go past its first draft. The first prompts of the trainer's pool are held out: 8 more
+    random ones go first.
     """
     rng, vocab_size = random.Random(0), _vocab_size(target_dir)
     held_out, others = ([[rng.randint(len(_SPECIAL_TOKENS), vocab_size - 1) for _ in range(rng.randint(1, 30))]
-                         for _ in range(count)] for count in (8, 48))  # fmt: skip
+                         for _ in range(count)] for count in (8, random_prompts))  # fmt: skip
     os.makedirs(out_dir, exist_ok=True)
     pool = os.path.join(out_dir, "prompts.jsonl")
     with open(pool, "w") as f:
@@ -183,8 +188,8 @@ def fit_dflash_drafter(target_dir: str, out_dir: str, prompts: list[list[int]], 
     command = [sys.executable, "-m", "sglang_ddtree.training.train_drafter", "--target", target_dir, "--out", out_dir,
                "--prompts", pool, "--max-new-tokens", str(new_tokens), "--sampled-fraction", "0",
                "--held-out-fraction", str(len(held_out) / (len(held_out) + len(others) + len(prompts))),
-               "--block-size", str(block_size), "--num-features", "1", "--steps", str(steps), "--batch-size", "8",
-               "--anchors", "16", "--lr", "2e-3", "--eval-budgets", "8", "--device", "cpu", "--dtype", "float32"]
+               "--block-size", str(block_size), "--num-features", str(num_features), "--steps", str(steps),
+               "--batch-size", "8", "--anchors", "16", "--lr", str(lr), "--eval-budgets", "8", "--device", "cpu", "--dtype", "float32"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise RuntimeError(f"training the test drafter failed:\n{result.stderr[-3000:]}")
@@ -297,6 +302,18 @@ def _mtp_weights(state_dict: dict[str, torch.Tensor], layer_prefix: str, hidden_
 # (a prefix-cache hit continued from a tracked state of x10 noise). Their output projections are scaled up so the
 # tokens depend on them: zeroing them then flips 18-20 of 24 (tests/test_hybrid_cpu.py checks it).
 GDN_OUTPUT_GAIN = 30.0
+# The init's dt_bias (1: softplus 1.31) with A = exp(A_log) ~ U(1, 16) decays a GDN state by exp(-A dt) ~ e^-17 per
+# token: the state held the last token alone, so a commit of the wrong node's state (or of the root's) changed no
+# output. As Mamba2 initialises it (dt log-uniform in [1e-3, 1e-1]) and trained GDN layers keep it, the state then
+# remembers tens of tokens (tests/test_hybrid_cpu.py checks that the tokens depend on that memory).
+GDN_DT_RANGE = (1e-3, 1e-1)
+
+
+def _memory_keeping_dt_bias(shape: torch.Size, generator: torch.Generator) -> torch.Tensor:
+    """softplus^-1 of dt drawn log-uniform in :data:`GDN_DT_RANGE`."""
+    low, high = (math.log(bound) for bound in GDN_DT_RANGE)
+    dt = torch.exp(low + (high - low) * torch.rand(shape, generator=generator))
+    return dt + torch.log(-torch.expm1(-dt))
 
 
 def make_qwen35_hybrid_target(
@@ -323,9 +340,12 @@ def make_qwen35_hybrid_target(
     torch.manual_seed(seed)
     model = Qwen3_5ForConditionalGeneration(config).eval()
     weights = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-    for name in weights:
+    generator = torch.Generator().manual_seed(seed)
+    for name in sorted(weights):
         if name.endswith(".linear_attn.out_proj.weight"):
             weights[name] = weights[name] * GDN_OUTPUT_GAIN
+        elif name.endswith(".linear_attn.dt_bias"):
+            weights[name] = _memory_keeping_dt_bias(weights[name].shape, generator).to(weights[name].dtype)
     if arch == "Qwen3_5ForCausalLM":  # the text checkpoint's names: model.layers.*, model.embed_tokens, lm_head
         weights = {name.replace("model.language_model.", "model."): tensor for name, tensor in weights.items()
                    if not name.startswith("model.visual.")}  # fmt: skip

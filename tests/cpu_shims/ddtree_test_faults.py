@@ -6,6 +6,14 @@ Each is a bug a tree verify could plausibly have, small enough to leave outputs 
 * ``deep_node_positions``: nodes at depth 2 and deeper get a position one too far (RoPE of the wrong position).
 * ``root_hidden_from_deep_nodes``: the FULL tree mask hides the root (the bonus token) from nodes at depth >= 2.
 * ``depth2_kv_from_parent``: the accepted path's KV move writes its depth-1 node's KV into the depth-2 slot.
+
+And in the snapshot-free GDN verify of hybrid targets (``kernels/gdn_tree.py``, through its module's names, which
+``speculative/hybrid_tree_verify.py`` imports at each call):
+
+* ``gdn_deep_nodes_skip_their_parent``: the recurrence of a node at depth >= 2 starts from its grandparent's state,
+  as an ancestor solve that dropped the nearest ancestor would (the commit follows the same wrong links).
+* ``gdn_commit_one_node_short``: the SSM state committed for an accepted node at depth >= 2 is its parent's (the
+  conv windows stay right).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 FAULT_ENV = "DDTREE_TEST_FAULT"
 TREE_FAULTS = ("deep_node_positions", "root_hidden_from_deep_nodes")
 KV_MOVE_FAULTS = ("depth2_kv_from_parent",)
+GDN_FAULTS = ("gdn_deep_nodes_skip_their_parent", "gdn_commit_one_node_short")
 
 
 def _depths(positions, seq_lens, nodes: int):
@@ -57,10 +66,50 @@ def patch_greedy_verify(module, fault: str) -> None:
     module.move_accept_tokens_to_target_kvcache = move_with_fault
 
 
+def _tree_depths(parents):
+    """Each node's depth ``[bs, T]`` from its parent links (``-1`` at the root; parents come before children)."""
+    depths = parents.new_zeros(parents.shape)
+    for node in range(1, parents.shape[1]):
+        linked = parents[:, node] >= 0
+        depths[linked, node] = depths[linked].gather(1, parents[linked, node : node + 1].long()).flatten() + 1
+    return depths
+
+
+def patch_gdn_tree(module, fault: str) -> None:
+    """Wrap ``gdn_tree_verify`` (and, for the commit fault, ``gdn_tree_commit``, reading the parents of the last
+    verify: every layer of a step verifies the same trees)."""
+    import torch
+
+    verify, commit = module.gdn_tree_verify, module.gdn_tree_commit
+    last_parents = {}
+
+    def verify_with_fault(q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, parents, *args, **kwargs):
+        last_parents["links"] = parents.clone()
+        if fault == "gdn_deep_nodes_skip_their_parent":
+            deep = _tree_depths(parents) >= 2
+            parents = torch.where(deep, parents.gather(1, parents.clamp(min=0).long()), parents)
+        return verify(q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, parents, *args, **kwargs)
+
+    def commit_with_fault(dst, workspace, dst_indices, nodes, *args, **kwargs):
+        links = last_parents.get("links")
+        if links is not None and links.shape[0] >= nodes.shape[0]:
+            links = links[: nodes.shape[0]]
+            at = nodes.clamp(min=0).long().view(-1, 1)
+            deep = (nodes >= 0) & (_tree_depths(links).gather(1, at).flatten() >= 2)
+            nodes = torch.where(deep, links.gather(1, at).flatten().to(nodes.dtype), nodes)
+        return commit(dst, workspace, dst_indices, nodes, *args, **kwargs)
+
+    module.gdn_tree_verify = verify_with_fault
+    if fault == "gdn_commit_one_node_short":
+        module.gdn_tree_commit = commit_with_fault
+
+
 def patches(fault: str) -> dict:
     """Module name -> patch for the fault, or a ValueError naming the known faults."""
     if fault in TREE_FAULTS:
         return {"sglang_ddtree.tree.tree_ops": lambda module: patch_tree_ops(module, fault)}
     if fault in KV_MOVE_FAULTS:
         return {"sglang_ddtree.speculative.ddtree_greedy_verify": lambda module: patch_greedy_verify(module, fault)}
-    raise ValueError(f"{FAULT_ENV}={fault!r}: not one of {TREE_FAULTS + KV_MOVE_FAULTS}")
+    if fault in GDN_FAULTS:
+        return {"sglang_ddtree.kernels.gdn_tree": lambda module: patch_gdn_tree(module, fault)}
+    raise ValueError(f"{FAULT_ENV}={fault!r}: not one of {TREE_FAULTS + KV_MOVE_FAULTS + GDN_FAULTS}")
