@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -29,6 +30,20 @@ def prefill_graph_flags() -> list[str]:
     default, 2-3 minutes of each start on the H200, most of a short call: RESULTS.md runs 34 and 46). The decode
     and verify graphs the suites test are captured either way; by default the servers keep SGLang's default."""
     return ["--cuda-graph-backend-prefill", "disabled"] if os.environ.get("GPU_SUITE_PREFILL_GRAPHS") == "0" else []
+
+
+H200_MIB = 143_771  # the card the suites' memory shares were set on (RESULTS.md's machine)
+
+
+def mem_fraction_flags(h200_fraction: float) -> list[str]:
+    """``--mem-fraction-static`` that gives a server on this card what ``h200_fraction`` gave it on the H200. SGLang
+    sizes a server from ``total memory x fraction`` less what is in use when it starts, its neighbours' included, so
+    what a suite's server needs beside its neighbours is an amount: the H200's shares left an 80 GB H100's servers
+    no KV cache (RESULTS run 72). Called at launch (CPU CI imports the suites without a GPU); the total comes from
+    ``nvidia-smi``, so the test process holds no CUDA context."""
+    total_mib = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, check=True).stdout.split()[0]  # fmt: skip
+    return ["--mem-fraction-static", f"{min(0.9, h200_fraction * H200_MIB / float(total_mib)):.4f}"]
 
 
 def servers_used_by(item: pytest.Item) -> set[tuple[str, str]]:

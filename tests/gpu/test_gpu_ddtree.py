@@ -29,7 +29,7 @@ from lossless import (
     generate_all,
     sampled_pvalues,
 )
-from suite_servers import auto_budget_args, prefill_graph_flags, started_servers, url_of
+from suite_servers import auto_budget_args, mem_fraction_flags, prefill_graph_flags, started_servers, url_of
 from sglang_ddtree.env_flags import env_flag
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
 from support import http_json, record
@@ -42,12 +42,12 @@ BUDGET = 16
 CONCURRENT = 16
 NEW_TOKENS = 320  # several KV reservation rounds per request (block 8 -> 2 x 17 slots reserved per step)
 PROMPTS = [[(11 * i + 5 * j) % 60 + 4 for j in range(length)] for i, length in enumerate(range(3, 3 + 7 * CONCURRENT, 7))]
+H200_MEM_SHARE = 0.06
 FLAGS = [
     "--context-length", "2048",
     "--max-total-tokens", "65536",
     "--max-running-requests", str(CONCURRENT),
     "--cuda-graph-max-bs", str(CONCURRENT),
-    "--mem-fraction-static", "0.06",
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
     *prefill_graph_flags(),
@@ -74,7 +74,7 @@ def servers(request, tmp_path_factory):
     def launch(kind: str, backend: str) -> tuple[list[str], dict[str, str]]:
         algo_args, env = SERVERS[kind]
         args = [*algo_args, "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend,
-                "--dtype", "bfloat16", *FLAGS]  # fmt: skip
+                "--dtype", "bfloat16", *FLAGS, *mem_fraction_flags(H200_MEM_SHARE)]  # fmt: skip
         if kind != "ar":
             budget = {"ddtree_auto": auto_args, "ddtree_measured": []}.get(kind, ["--budget", str(BUDGET)])
             args += ["--draft-model-path", f"{MODELS}/dflash_v64", *budget]
@@ -215,7 +215,7 @@ def _gpu_count() -> int:
 def tp_servers():
     """AR and DDTree (tree check on) with --tp 2 on flashinfer; {kind: url or an error string}."""
     base = ["--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", "flashinfer", "--dtype", "bfloat16",
-            "--tp", "2", *FLAGS]  # fmt: skip
+            "--tp", "2", *FLAGS, *mem_fraction_flags(H200_MEM_SHARE)]  # fmt: skip
     configs = {
         "ar": (["--algo", "ar", *base], {}),
         "ddtree": (["--algo", "ddtree", *base, "--draft-model-path", f"{MODELS}/dflash_v64", "--budget", str(BUDGET)],

@@ -35,7 +35,7 @@ from lossless import (
     sampled_pvalues,
     second_token_marginal,
 )
-from suite_servers import auto_budget_args, prefill_graph_flags, started_servers, url_of
+from suite_servers import auto_budget_args, mem_fraction_flags, prefill_graph_flags, started_servers, url_of
 from sglang_ddtree.env_flags import env_flag
 from support import http_json, record
 
@@ -49,12 +49,12 @@ CONCURRENT = 16
 SERVER_BATCH = 64  # the sampling tests' 8000 requests run 64 at a time
 NEW_TOKENS = 320
 PROMPTS = [[(13 * i + 7 * j) % 60 + 4 for j in range(length)] for i, length in enumerate(range(3, 3 + 7 * CONCURRENT, 7))]
+H200_MEM_SHARE = 0.08  # 0.05 left no KV room when a neighbour allocated during the load
 FLAGS = [
     "--context-length", "2048",
     "--max-total-tokens", "65536",
     "--max-running-requests", str(SERVER_BATCH),
     "--cuda-graph-max-bs", str(SERVER_BATCH),
-    "--mem-fraction-static", "0.08",  # 0.05 left no KV room when a neighbour allocated during the load
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
     *prefill_graph_flags(),
@@ -98,7 +98,8 @@ def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
     def launch(kind: str, backend: str) -> tuple[list[str], dict[str, str]]:
         args, env = SERVERS[kind]
-        return [*args, *(auto_args if kind == "ddtree_auto" else []), "--attention-backend", backend, *FLAGS], env
+        return [*args, *(auto_args if kind == "ddtree_auto" else []), "--attention-backend", backend, *FLAGS,
+                *mem_fraction_flags(H200_MEM_SHARE)], env
 
     yield from started_servers(request, launch, "hybrid", ready_timeout=480)
 

@@ -30,7 +30,7 @@ import pytest
 
 from lossless import assert_lossless
 from server_load import LEAK_MESSAGES, LoadSampler, Stream, pools, wait_idle
-from suite_servers import prefill_graph_flags, started_servers, url_of
+from suite_servers import mem_fraction_flags, prefill_graph_flags, started_servers, url_of
 from sglang_ddtree.serving import default_log_path
 from support import http_json, record
 
@@ -40,12 +40,12 @@ MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
 BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
 CONCURRENT, SOAK_REQUESTS, SOAK_CLIENTS = 256, 1000, 64
 MEMORY_GROWTH_MIB = 512
+H200_MEM_SHARE = 0.08
 FLAGS = [
     "--context-length", "4096",
     "--max-total-tokens", "262144",
     "--max-running-requests", str(CONCURRENT),
     "--cuda-graph-max-bs", "64",
-    "--mem-fraction-static", "0.08",
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
     "--dtype", "bfloat16",
@@ -84,7 +84,8 @@ def servers(request):
     """{(kind, backend): url or an error string}; the servers the selected tests use start side by side."""
 
     def launch(kind: str, backend: str) -> tuple[list[str], dict[str, str]]:
-        args = [*SERVERS[kind], "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend, *FLAGS]
+        args = [*SERVERS[kind], "--model-path", f"{MODELS}/qwen3_v64", "--attention-backend", backend, *FLAGS,
+                *mem_fraction_flags(H200_MEM_SHARE)]
         return args, STRICT_MEMORY_CHECKS
 
     yield from started_servers(request, launch, "load", ready_timeout=420)

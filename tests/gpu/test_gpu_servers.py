@@ -17,18 +17,19 @@ import pytest
 
 import sglang_ddtree
 from sglang_ddtree.serving import ServerStartError, free_port, launched_server
+from suite_servers import mem_fraction_flags
 from support import http_json, record
 
 pytestmark = pytest.mark.gpu
 
 MODELS = os.environ.get("GPU_SUITE_MODELS", "/tmp/tiny_models")
 BACKENDS = [b for b in os.environ.get("GPU_SUITE_BACKENDS", "flashinfer,triton").split(",") if b]
+H200_MEM_SHARE = 0.08
 COMMON_FLAGS = [
     "--context-length", "4096",
     "--max-total-tokens", "65536",
     "--max-running-requests", "8",
     "--cuda-graph-max-bs", "8",
-    "--mem-fraction-static", "0.08",
     "--sampling-backend", "pytorch",
     "--grammar-backend", "none",
 ]  # fmt: skip
@@ -64,7 +65,8 @@ def servers():
         try:
             url = stack.enter_context(
                 launched_server(
-                    ["--algo", algo, *ALGO_ARGS[algo], "--attention-backend", backend, *COMMON_FLAGS],
+                    ["--algo", algo, *ALGO_ARGS[algo], "--attention-backend", backend, *COMMON_FLAGS,
+                     *mem_fraction_flags(H200_MEM_SHARE)],
                     free_port(),
                     ready_timeout=420,
                 )
