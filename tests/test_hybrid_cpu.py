@@ -419,12 +419,14 @@ def test_upstream_speculative_greedy_equals_ar_greedy(models, ar_outputs, algori
     assert all(meta["spec_verify_ct"] > 0 for meta in report["sequential"]["meta_info"])
 
 
-@pytest.mark.parametrize("fault", ["gdn_deep_nodes_skip_their_parent", "gdn_commit_one_node_short"])
+@pytest.mark.parametrize(
+    "fault", ["gdn_deep_nodes_skip_their_parent", "gdn_commit_one_node_short", "gdn_conv_commit_one_node_short"]
+)
 def test_the_greedy_comparison_fails_a_gdn_verify_with_a_fault_at_depth_two(models, ar_outputs, fault):
     """The exactness tests above can see a wrong snapshot-free GDN verify: a fault injected by the CPU shims
     (``cpu_shims/ddtree_test_faults.py``: nodes at depth 2 and deeper continuing from their grandparent's state,
-    or the state committed for an accepted node at depth 2 or deeper being its parent's) changes some of the four
-    outputs (measured: 3 and 3 of 4). With the init's decay (the state forgot each token) and a random drafter
+    or the state or the conv window committed for an accepted node at depth 2 or deeper being its parent's)
+    changes some of the four outputs (measured: 3, 3 and 3 of 4). With the init's decay (the state forgot each token) and a random drafter
     (paths never past depth 1) the commit fault passed as exact, even committing the root's state."""
     report = generate(
         {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",

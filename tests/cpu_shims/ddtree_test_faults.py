@@ -14,6 +14,8 @@ And in the snapshot-free GDN verify of hybrid targets (``kernels/gdn_tree.py``, 
   as an ancestor solve that dropped the nearest ancestor would (the commit follows the same wrong links).
 * ``gdn_commit_one_node_short``: the SSM state committed for an accepted node at depth >= 2 is its parent's (the
   conv windows stay right).
+* ``gdn_conv_commit_one_node_short``: the conv window committed for an accepted node at depth >= 2 is its parent's
+  (``kernels/gdn_tree_conv.py``; the SSM states stay right).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ FAULT_ENV = "DDTREE_TEST_FAULT"
 TREE_FAULTS = ("deep_node_positions", "root_hidden_from_deep_nodes")
 KV_MOVE_FAULTS = ("depth2_kv_from_parent",)
 GDN_FAULTS = ("gdn_deep_nodes_skip_their_parent", "gdn_commit_one_node_short")
+GDN_CONV_FAULTS = ("gdn_conv_commit_one_node_short",)
 
 
 def _depths(positions, seq_lens, nodes: int):
@@ -93,15 +96,32 @@ def patch_gdn_tree(module, fault: str) -> None:
     def commit_with_fault(dst, workspace, dst_indices, nodes, *args, **kwargs):
         links = last_parents.get("links")
         if links is not None and links.shape[0] >= nodes.shape[0]:
-            links = links[: nodes.shape[0]]
-            at = nodes.clamp(min=0).long().view(-1, 1)
-            deep = (nodes >= 0) & (_tree_depths(links).gather(1, at).flatten() >= 2)
-            nodes = torch.where(deep, links.gather(1, at).flatten().to(nodes.dtype), nodes)
+            nodes = _one_node_short(nodes, links)
         return commit(dst, workspace, dst_indices, nodes, *args, **kwargs)
 
     module.gdn_tree_verify = verify_with_fault
     if fault == "gdn_commit_one_node_short":
         module.gdn_tree_commit = commit_with_fault
+
+
+def _one_node_short(nodes, parents):
+    """``nodes`` (one per request; ``-1``: none) with each one at depth >= 2 replaced by its parent."""
+    import torch
+
+    parents = parents[: nodes.shape[0], : max(1, int(nodes.max()) + 1)].long()  # the verified nodes' links only
+    at = nodes.clamp(min=0).long().view(-1, 1)
+    deep = (nodes >= 0) & (_tree_depths(parents).gather(1, at).flatten() >= 2)
+    return torch.where(deep, parents.gather(1, at).flatten().to(nodes.dtype), nodes)
+
+
+def patch_gdn_tree_conv(module) -> None:
+    """Wrap ``gdn_tree_conv_commit``, whose ``parents [layers, requests, >= T]`` are those the verify used."""
+    commit = module.gdn_tree_conv_commit
+
+    def commit_with_fault(conv_states, inputs, parents, dst_indices, nodes, **kwargs):
+        return commit(conv_states, inputs, parents, dst_indices, _one_node_short(nodes, parents[0]), **kwargs)
+
+    module.gdn_tree_conv_commit = commit_with_fault
 
 
 def patches(fault: str) -> dict:
@@ -112,4 +132,7 @@ def patches(fault: str) -> dict:
         return {"sglang_ddtree.speculative.ddtree_greedy_verify": lambda module: patch_greedy_verify(module, fault)}
     if fault in GDN_FAULTS:
         return {"sglang_ddtree.kernels.gdn_tree": lambda module: patch_gdn_tree(module, fault)}
-    raise ValueError(f"{FAULT_ENV}={fault!r}: not one of {TREE_FAULTS + KV_MOVE_FAULTS + GDN_FAULTS}")
+    if fault in GDN_CONV_FAULTS:
+        return {"sglang_ddtree.kernels.gdn_tree_conv": patch_gdn_tree_conv}
+    known = TREE_FAULTS + KV_MOVE_FAULTS + GDN_FAULTS + GDN_CONV_FAULTS
+    raise ValueError(f"{FAULT_ENV}={fault!r}: not one of {known}")
