@@ -419,7 +419,8 @@ def main() -> None:
         block_size=8,
         target_layer_ids=list(range(0, args.num_layers - 1, 2)),
     )
-    # The reference user's model family (Qwen3.5/3.6 hybrid), both archs, and a sliding-window drafter.
+    # The reference user's model family (Qwen3.5/3.6 hybrid), both archs, and a sliding-window drafter. Their GDN
+    # states keep tens of tokens (GDN_DT_RANGE) since 2026-12-06, as on the CPU; the GPU suite has not yet run them.
     make_qwen35_hybrid_target(os.path.join(args.out, "qwen35"))
     make_qwen35_hybrid_target(os.path.join(args.out, "qwen35_text"), arch="Qwen3_5ForCausalLM")
     make_swa_dflash_drafter(os.path.join(args.out, "dflash_swa"))
