@@ -107,10 +107,12 @@ def accept_histogram(report: dict, modes: tuple[str, ...]) -> list[int]:
     return histogram
 
 
-def deep_verifies(report: dict, modes: tuple[str, ...]) -> int:
-    """Verifies that accepted two drafts or more: paths through depth 2 of the tree, where a verify's mask rows,
-    positions and state links first differ from a chain of one draft."""
-    return sum(accept_histogram(report, modes)[2:])
+def assert_paths_past_the_first_draft(report: dict, modes: tuple[str, ...], at_least: int) -> None:
+    """At least ``at_least`` verifies over ``modes`` accepted two drafts or more: paths through depth 2 of the tree,
+    where a verify's mask rows, positions and state links first differ from a chain of one draft."""
+    histogram = accept_histogram(report, modes)
+    deep = sum(histogram[2:])
+    assert deep >= at_least, f"{deep} verifies past the first draft, {at_least} wanted (accept histogram {histogram})"
 
 
 def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = 300) -> Any:
