@@ -425,8 +425,9 @@ def test_the_greedy_comparison_fails_a_gdn_verify_with_a_fault_at_depth_two(mode
     """The exactness tests above can see a wrong snapshot-free GDN verify: a fault injected by the CPU shims
     (``cpu_shims/ddtree_test_faults.py``: nodes at depth 2 and deeper continuing from their grandparent's state,
     or the state or the conv window committed for an accepted node at depth 2 or deeper being its parent's)
-    changes some of the four outputs (measured: 3, 3 and 3 of 4). With the init's decay (the state forgot each token) and a random drafter
-    (paths never past depth 1) the commit fault passed as exact, even committing the root's state."""
+    changes some of the four outputs (measured: 3, 3 and 3 of 4). With the init's decay (the state forgot each
+    token) and a random drafter (paths never past depth 1) the commit fault passed as exact, even committing the
+    root's state."""
     report = generate(
         {**exact_engine_args(models["multimodal"]), "speculative_algorithm": "DDTREE",
          "speculative_draft_model_path": models["drafter"], "speculative_num_draft_tokens": 9},

@@ -79,28 +79,28 @@ def _tree_depths(parents):
 
 
 def patch_gdn_tree(module, fault: str) -> None:
-    """Wrap ``gdn_tree_verify`` (and, for the commit fault, ``gdn_tree_commit``, reading the parents of the last
-    verify: every layer of a step verifies the same trees)."""
+    """Wrap ``gdn_tree_verify`` or ``gdn_tree_commit``; the commit reads the parents the verify wrote into each
+    request's workspace row."""
     import torch
 
+    from sglang_ddtree.kernels.gdn_workspace import parents_offset
+
     verify, commit = module.gdn_tree_verify, module.gdn_tree_commit
-    last_parents = {}
 
     def verify_with_fault(q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, parents, *args, **kwargs):
-        last_parents["links"] = parents.clone()
-        if fault == "gdn_deep_nodes_skip_their_parent":
-            deep = _tree_depths(parents) >= 2
-            parents = torch.where(deep, parents.gather(1, parents.clamp(min=0).long()), parents)
+        deep = _tree_depths(parents) >= 2
+        parents = torch.where(deep, parents.gather(1, parents.clamp(min=0).long()), parents)
         return verify(q, k, v, a, b, A_log, dt_bias, ssm_states, cache_indices, parents, *args, **kwargs)
 
-    def commit_with_fault(dst, workspace, dst_indices, nodes, *args, **kwargs):
-        links = last_parents.get("links")
-        if links is not None and links.shape[0] >= nodes.shape[0]:
-            nodes = _one_node_short(nodes, links)
-        return commit(dst, workspace, dst_indices, nodes, *args, **kwargs)
+    def commit_with_fault(dst, workspace, dst_indices, nodes, T, **kwargs):
+        HV, V, K = dst.shape[2:]
+        start = parents_offset(T, HV, K, V)
+        parents = workspace[0, :, start : start + T]
+        return commit(dst, workspace, dst_indices, _one_node_short(nodes, parents), T, **kwargs)
 
-    module.gdn_tree_verify = verify_with_fault
-    if fault == "gdn_commit_one_node_short":
+    if fault == "gdn_deep_nodes_skip_their_parent":
+        module.gdn_tree_verify = verify_with_fault
+    else:
         module.gdn_tree_commit = commit_with_fault
 
 
