@@ -15,11 +15,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sglang_ddtree.training.train_drafter import (DistilledAnswer, TrainDrafterError, TrainingPrompt, encode_prompts,
                                          learning_rate_scale, load_prompts, repeat_answers, split_by_prompt,
-                                         training_progress)
+                                         self_distill_hf, training_progress)
 from support import CPU_ENGINE_ARGS, run_engine_generate
 from tiny_models import EOS_TOKEN_ID, MASK_TOKEN_ID, TinyShape, make_dflash_drafter, make_qwen3_target
 
@@ -148,20 +150,43 @@ def test_the_trainers_replay_of_greedy_decoding_takes_the_servers_verify_steps(t
 
 def test_an_sglang_engine_writes_the_same_greedy_answers_as_transformers(trained, tmp_path):
     """``--generator sglang`` (the fast path on a GPU) distills the same data: the target's own greedy answers,
-    here the first 16 tokens of what transformers wrote (float32 on both sides)."""
+    here the first 16 tokens of what transformers wrote (float32 on both sides); with ``--ignore-eos`` each runs
+    all 16."""
     engine_args = json.dumps({**CPU_ENGINE_ARGS, "attention_backend": "triton"})
     result = train("--target", trained["target"], "--out", str(tmp_path / "drafter"),
                    "--prompts", str(trained["root"] / "prompts.txt"), "--max-prompts", "4", "--max-new-tokens", "16",
                    "--sampled-fraction", "0", "--generator", "sglang", "--sglang-engine-args", engine_args,
                    "--answers-out", str(tmp_path / "answers.jsonl"), "--block-size", str(BLOCK), "--num-features", "2",
-                   "--steps", "1")  # fmt: skip
+                   "--steps", "1", "--ignore-eos")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     by_prompt = {tuple(a["ids"][: a["answer_start"]]): a["ids"] for a in read_answers(trained["root"] / "answers.jsonl")}
     by_sglang = read_answers(tmp_path / "answers.jsonl")
     assert len(by_sglang) == 4
     for answer in by_sglang:
-        assert len(answer["ids"]) - answer["answer_start"] == 16 or answer["ids"][-1] == EOS_TOKEN_ID
-        assert by_prompt[tuple(answer["ids"][: answer["answer_start"]])][: len(answer["ids"])] == answer["ids"]
+        assert len(answer["ids"]) - answer["answer_start"] == 16
+        by_transformers = by_prompt[tuple(answer["ids"][: answer["answer_start"]])]
+        shared = min(len(by_transformers), len(answer["ids"]))  # transformers' answers stopped at their EOS
+        assert by_transformers[:shared] == answer["ids"][:shared]
+
+
+def test_answers_that_ignore_eos_run_past_it_to_their_length(tmp_path):
+    """``--ignore-eos`` distills what a server's ``ignore_eos`` requests produce (benchmarks, the GPU suites' tiny
+    targets, whose random heads emit their EOS about once in 64 tokens): each answer runs its whole length with its
+    end-of-sequence tokens inside, and up to the first of them it is the answer that stopped there."""
+    target = make_qwen3_target(str(tmp_path), TinyShape(num_layers=TARGET_LAYERS, vocab_size=VOCAB), qk_norm_gain=1.0)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    rng = random.Random(0)
+    prompts = [[rng.randint(4, VOCAB - 1) for _ in range(rng.randint(2, 12))] for _ in range(96)]
+    greedy = [False] * len(prompts)
+    stopping = self_distill_hf(model, tokenizer, prompts, greedy, max_new_tokens=48, batch_size=32)
+    ignoring = self_distill_hf(model, tokenizer, prompts, greedy, max_new_tokens=48, batch_size=32, ignore_eos=True)
+    stopped = [i for i, a in enumerate(stopping) if len(a.ids) - a.answer_start < 48]
+    assert stopped and all(stopping[i].ids[-1] == EOS_TOKEN_ID for i in stopped)  # the case exists
+    for before, after in zip(stopping, ignoring):
+        assert len(after.ids) - after.answer_start == 48
+        assert after.ids[: len(before.ids)] == before.ids
+    assert all(EOS_TOKEN_ID in ignoring[i].ids[ignoring[i].answer_start : -1] for i in stopped)
 
 
 def test_training_continues_from_a_drafter_and_from_kept_answers(trained, tmp_path):

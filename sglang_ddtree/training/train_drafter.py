@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -148,14 +149,17 @@ def cut_at_eos(generated: list[int], eos_token_id: int | None) -> list[int]:
 
 @torch.no_grad()
 def self_distill_hf(model, tokenizer, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
-                    batch_size: int) -> list[DistilledAnswer]:  # fmt: skip
+                    batch_size: int, ignore_eos: bool = False) -> list[DistilledAnswer]:  # fmt: skip
     """The target's own answers by ``transformers`` generation: needs no engine, slow at scale.
 
     Greedy and sampled prompts go in separate batches, each batch of similar lengths (left padding costs
     compute, and prompt pools mix one-liners with pages); answers come back in the order of ``prompt_ids``.
+    ``ignore_eos``: every answer runs ``max_new_tokens`` past its end-of-sequence tokens, as a server's
+    ``ignore_eos`` requests do.
     """
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_token_id = None if ignore_eos else tokenizer.eos_token_id
     by_length = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
     groups = [[i for i in by_length if sampled[i] == mode] for mode in (False, True)]
     batches = [group[start : start + batch_size] for group in groups for start in range(0, len(group), batch_size)]
@@ -166,33 +170,37 @@ def self_distill_hf(model, tokenizer, prompt_ids: list[list[int]], sampled: list
         input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in encoded], device=device)
         attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
         sample = sampled[batch[0]]
-        out = model.generate(
-            input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens, do_sample=sample,
-            temperature=1.0 if sample else None, top_p=None, top_k=None, pad_token_id=pad_id,
-        )  # fmt: skip
+        config = copy.deepcopy(model.generation_config)
+        config.update(max_new_tokens=max_new_tokens, do_sample=sample, temperature=1.0 if sample else None,
+                      top_p=None, top_k=None, pad_token_id=pad_id)  # fmt: skip
+        if ignore_eos:
+            config.eos_token_id = None  # the model's own config would stop it there
+        out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config)
         for index, ids, generated in zip(batch, encoded, out[:, width:].tolist()):
-            answers[index] = DistilledAnswer(ids=ids + cut_at_eos(generated, tokenizer.eos_token_id),
+            answers[index] = DistilledAnswer(ids=ids + cut_at_eos(generated, eos_token_id),
                                              answer_start=len(ids))  # fmt: skip
     return [answers[i] for i in range(len(prompt_ids))]
 
 
 def self_distill_sglang(target: str, prompt_ids: list[list[int]], sampled: list[bool], max_new_tokens: int,
-                        eos_token_id: int | None, seed: int, engine_args: dict) -> list[DistilledAnswer]:  # fmt: skip
+                        eos_token_id: int | None, seed: int, engine_args: dict,
+                        ignore_eos: bool = False) -> list[DistilledAnswer]:  # fmt: skip
     """The target's own answers from an offline SGLang engine (continuous batching, CUDA graphs): the fast
     path for real pools and large targets. ``engine_args`` are extra ``sglang.Engine`` arguments. Token ids
     go in and come out, so the engine skips its tokenizer and detokenizer work (the stop token comes from
-    the model's config)."""
+    the model's config). ``ignore_eos`` as in :func:`self_distill_hf`."""
     import sglang
 
     engine = sglang.Engine(model_path=target, random_seed=seed,
                            **{"log_level": "error", "skip_tokenizer_init": True, **engine_args})  # fmt: skip
     try:
-        params = [{"max_new_tokens": max_new_tokens, "temperature": 1.0 if s else 0.0, "top_p": 1.0, "top_k": -1}
-                  for s in sampled]  # fmt: skip
+        params = [{"max_new_tokens": max_new_tokens, "temperature": 1.0 if s else 0.0, "top_p": 1.0, "top_k": -1,
+                   "ignore_eos": ignore_eos} for s in sampled]  # fmt: skip
         outputs = engine.generate(input_ids=prompt_ids, sampling_params=params)
     finally:
         engine.shutdown()
-    return [DistilledAnswer(ids=ids + cut_at_eos(out["output_ids"], eos_token_id), answer_start=len(ids))
+    return [DistilledAnswer(ids=ids + cut_at_eos(out["output_ids"], None if ignore_eos else eos_token_id),
+                            answer_start=len(ids))
             for ids, out in zip(prompt_ids, outputs)]  # fmt: skip
 
 
@@ -351,11 +359,13 @@ def train(args: argparse.Namespace) -> dict:
                                              args.answers_per_prompt)  # fmt: skip
     if not args.answers_in and args.generator == "sglang":  # before the target is loaded: the engine has its own
         sequences = self_distill_sglang(args.target, prompt_ids, sampled, args.max_new_tokens, tokenizer.eos_token_id,
-                                        args.seed, {"dtype": args.dtype, **args.sglang_engine_args})  # fmt: skip
+                                        args.seed, {"dtype": args.dtype, **args.sglang_engine_args},
+                                        args.ignore_eos)  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(args.target, torch_dtype=dtype).to(device).eval()
     model.requires_grad_(False)
     if not args.answers_in and args.generator == "hf":
-        sequences = self_distill_hf(model, tokenizer, prompt_ids, sampled, args.max_new_tokens, args.generate_batch_size)
+        sequences = self_distill_hf(model, tokenizer, prompt_ids, sampled, args.max_new_tokens, args.generate_batch_size,
+                                    args.ignore_eos)  # fmt: skip
     if args.answers_out:
         write_answers(args.answers_out, sequences)
     usable = [s for s in sequences if len(s.ids) > s.answer_start + args.block_size]
@@ -451,6 +461,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--init-from", default="", help="continue training this drafter (upstream format, same shape)")
     parser.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="answer length of the self-distillation")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="answers run --max-new-tokens past their end-of-sequence tokens (a drafter for traffic "
+                        "served with ignore_eos, e.g. benchmarks and the GPU suites' tiny targets)")  # fmt: skip
     parser.add_argument("--sampled-fraction", type=float, default=0.5, help="share of answers sampled at T=1")
     parser.add_argument("--answers-per-prompt", type=int, default=1,
                         help="answers per prompt: the first as --sampled-fraction says, the others sampled")
