@@ -15,6 +15,7 @@ source tests/gpu/env.sh || exit 1
 LOG="$OUT/user_shape.log"
 unset PYTHONSAFEPATH  # it drops the checkout from sys.path: `python3 -m bench.*` is then not found (RESULTS run 66)
 ALGOS=${ALGOS:-ar,mtp,dflash,ddtree} BUDGETS=${BUDGETS:-16,32} CONCURRENCY=${CONCURRENCY:-16,32} ROUNDS=${ROUNDS:-1}
+TAUS=$(python3 -c "import sys; algos = sys.argv[1].split(','); print(','.join(t for t in ('mtp=3.556', 'dflash=3.1', 'ddtree B=16=4.06', 'ddtree B=32=4.39', 'ddtree B=64=4.67') if t.split('=')[0].split()[0] in algos))" "$ALGOS")
 MAX_RUNNING=$(tr ',' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
 GRAPH_BS=$(python3 -c "import sys; m = int(sys.argv[1]); print(*sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= m} | {m}))" "$MAX_RUNNING")
 left() { echo $(( T0 + ${GPU_RUN_DEADLINE_S:-570} - 45 - $(date +%s) )); }  # 45 s kept for packing
@@ -29,7 +30,7 @@ timeout "$(left)" python3 -m bench.side_by_side \
   --model-path /tmp/q27/models/qwen36_27b --draft-model-path /tmp/q27/models/zlab_drafter \
   --tokenizer-path /tmp/tiny_models/qwen35 --algos "$ALGOS" --budgets "$BUDGETS" --concurrency "$CONCURRENCY" \
   --temperatures 0 --datasets random --num-prompts 64 --random-prompt-len 1024 --max-new-tokens 256 --ignore-eos \
-  --rounds "$ROUNDS" --simulate-tau "mtp=3.556,dflash=3.1,ddtree B=16=4.06,ddtree B=32=4.39,ddtree B=64=4.67" \
+  --rounds "$ROUNDS" --simulate-tau "$TAUS" \
   --profile-steps --out "$OUT/sbs" --resume -- --load-format dummy --skip-tokenizer-init \
   --tokenizer-path /tmp/tiny_models/qwen35 --attention-backend flashinfer --context-length 4096 \
   --mem-fraction-static 0.9 --disable-radix-cache --cuda-graph-backend-prefill disabled --sampling-backend pytorch \
