@@ -1,6 +1,6 @@
 # Sourced by the GPU scripts (the H200 machine has no network): SGLang from the wheelhouse, this package beside
 # it, and the JIT caches restored. Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz) and
-# optionally .gpu/jitcache.tgz.part*. Defines pack_jit_cache DIR (pieces that fit the 16 MiB return limit).
+# optionally .gpu/jitcache_*.txz. Defines pack_jit_cache DIR (writes DIR/jitcache_{flashinfer,triton}.txz).
 # The sourcing script sets OUT (its output folder); T0 starts its clock.
 T0=$(date +%s)
 # A call cut by its time limit leaves its servers holding the GPU on a machine kept warm for the next call (RESULTS
@@ -22,12 +22,11 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$SITE" . || return 1
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 export SGLANG_ENABLE_JIT_DEEPGEMM=0 FLASHINFER_WORKSPACE_BASE=$JIT TVM_FFI_CACHE_DIR=$JIT/tvm-ffi TRITON_CACHE_DIR=$JIT/triton
-if ls .gpu/jitcache.tgz.part* >/dev/null 2>&1 && [ ! -f "$JIT/.restored" ]; then
-  cat .gpu/jitcache.tgz.part* | tar -xzf - -C "$JIT" && touch "$JIT/.restored"
-elif [ -f .gpu/jitcache_flashinfer.txz ] && [ ! -f "$JIT/.restored" ]; then
-  # FlashInfer's modules alone, recompressed with xz -9e (6.3 -> 4.2 MiB for the hybrids' head dims 128 and 256):
-  # small enough to travel beside the wheelhouse and the tracked tree.
-  tar -xJf .gpu/jitcache_flashinfer.txz -C "$JIT" && touch "$JIT/.restored"
+if [ ! -f "$JIT/.restored" ]; then
+  for pack in .gpu/jitcache_*.txz; do
+    [ -f "$pack" ] && tar -xJf "$pack" -C "$JIT"
+  done
+  touch "$JIT/.restored"
 fi
 # FlashInfer rebuilds its JIT modules even when they sit in its cache folder (run 4 of RESULTS.md), but loads
 # prebuilt modules from flashinfer/data/aot/NAME/NAME.so as they are.
@@ -38,15 +37,21 @@ for so in "$JIT"/.cache/flashinfer/*/*/cached_ops/*/*.so; do
 done
 
 pack_jit_cache() {
-  # Built modules only (FlashInfer's generated sources, objects and ninja files would double the size), in
-  # pieces of 15 MiB: files that come back from the GPU machine are limited to 16 MiB each. Beside them
-  # jitcache_flashinfer.tgz, FlashInfer's modules alone (~4.5 MiB for one model's head dims): the full pieces do
-  # not fit beside the 36 MiB wheelhouse and the tracked tree in a call's 64 MiB, this does, and FlashInfer's
-  # modules are nvcc builds (the first servers of RESULTS.md runs 43 and 46 took minutes to start without them).
-  # Carry either as .gpu/jitcache.tgz.part* (a whole .tgz is a one-piece part).
-  tar -czf - -C "$JIT" --exclude=.restored --exclude=generated --exclude='*.o' --exclude='*.ninja' . 2>/dev/null \
-    | split -b 15M -d - "$1/jitcache.tgz.part"
-  [ -d "$JIT/.cache/flashinfer" ] && tar -czf "$1/jitcache_flashinfer.tgz" -C "$JIT" --exclude=generated \
-    --exclude='*.o' --exclude='*.ninja' --exclude='*.lock' --exclude='.ninja_*' .cache/flashinfer 2>/dev/null
+  # Packs small enough to travel beside the 36 MiB wheelhouse and the tracked tree (~23 MiB) in a call's 64 MiB,
+  # written to $1 (carry them as .gpu/jitcache_*.txz, both or the first): jitcache_flashinfer.txz, FlashInfer's
+  # built modules, stripped (nvcc builds: a cold hybrid server took 187 s to start, RESULTS run 74), and
+  # jitcache_triton.txz, Triton's compiled kernels as cubins and metadata (Triton loads a cached kernel from those;
+  # its IR files are 59 of the cache's 60 MB). After run 74's exactness tests and hybrid suite: 4.3 and 1.0 MB with
+  # xz -9e (the whole cache as .tgz was 18 MiB).
+  local staging; staging=$(mktemp -d)
+  (cd "$JIT" && find .cache/flashinfer -path '*cached_ops*' -name '*.so' 2>/dev/null; \
+   find triton -type f \( -name '*.json' -o -name '*.cubin' \) 2>/dev/null) | while read -r file; do
+    mkdir -p "$staging/$(dirname "$file")" && cp "$JIT/$file" "$staging/$file"
+  done
+  find "$staging" -name '*.so' -exec strip --strip-unneeded {} \; 2>/dev/null
+  [ -d "$staging/.cache" ] && tar -cf - -C "$staging" .cache | xz -9e -T0 > "$1/jitcache_flashinfer.txz"
+  [ -d "$staging/triton" ] && tar -cf - -C "$staging" triton | xz -9e -T0 > "$1/jitcache_triton.txz"
+  rm -rf "$staging"
+  ls -l "$1"/jitcache_*.txz 2>/dev/null
   return 0
 }

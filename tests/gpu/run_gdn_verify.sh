@@ -9,10 +9,10 @@
 #     table   the served step at Qwen3.6-27B's shape side by side: the WY verify, SGLang's snapshots, DFLASH's chain
 #             (bench.hybrid_verify_cost with GDN kernel profiles; not in the default list: a call of its own;
 #             TABLE_ONLY=NAME,... runs those configurations only, TABLE_BATCH_SIZES=1,8 at those batch sizes)
-# Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz); optional .gpu/jitcache.tgz.part*.
+# Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz); optional .gpu/jitcache_*.txz.
 # GPU_RUN_DEADLINE_S (default 570) is the whole call's budget from the start of this script. Writes into $OUT:
 # gdn_verify.log (every part's output), bench.tgz (the bench's reports), hvc.tgz (the table's), the suite's gpu_suite.log / .jsonl,
-# server_logs.tgz, then the JIT cache pieces (a call returns 8 files: with three or more pieces the last is lost).
+# server_logs.tgz, jitcache_flashinfer.txz and jitcache_triton.txz (a call returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gdn_verify_out}

@@ -2,11 +2,11 @@
 # Run the GPU suite on the H200 machine (no network there). From the repository root:
 #   bash tests/gpu/run_suite.sh [pytest args...]        e.g.  -k flashinfer
 # Expects .whl/wheelhouse.tar.xz (built on a networked machine by shared/device/build_wheelhouse.sh --xz).
-# Optional: .gpu/jitcache.tgz.part* (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces),
+# Optional: .gpu/jitcache_*.txz (restored before, re-packed after), SGLANG_DDTREE_DEMO_GGUF (SmolLM2 GGUF pieces),
 # GPU_SUITE_BACKENDS (flashinfer,triton), GPU_SUITE_PREFILL_GRAPHS=0 (servers start without SGLang's prefill graphs:
 # minutes less per call, tests/gpu/suite_servers.py). A -k selection starts only the selected tests' servers.
 # Writes $OUT/gpu_suite.log, $OUT/gpu_suite.jsonl (timings; each failure's reason as it happens), $OUT/server_logs.tgz
-# and $OUT/jitcache.tgz.part*.
+# and $OUT/jitcache_*.txz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gpu_suite_out}

@@ -8,7 +8,7 @@
 # not in the default list. MTP at 16 requests on an 80 GB card runs 6 at once (KV cache, RESULTS run 75).
 # The taus are those of bench/results/side_by_side/qwen36_27b_shape_2026-12-04/README.md (MTP published, DFLASH the
 # user's, DDTree the user's DFLASH tau times our real pair's tree/chain ratio: an assumption, said so in the report).
-# Expects .whl/wheelhouse.tar.xz; optional .gpu/jitcache*. GPU_RUN_DEADLINE_S (default 570) bounds the whole call:
+# Expects .whl/wheelhouse.tar.xz; optional .gpu/jitcache_*.txz. GPU_RUN_DEADLINE_S (default 570) bounds the whole call:
 # the bench keeps every finished configuration (--resume), so what ran before the deadline comes back.
 # Writes into $OUT: user_shape.log, sbs.tgz (the bench's folder), server_logs.tgz, the JIT cache pieces.
 set -uo pipefail
