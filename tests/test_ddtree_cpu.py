@@ -194,18 +194,14 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     give flat distributions, whose best-first trees are stars (a branch of one draft: at most 2 tokens); under the
     simulation the head scores each depth's top candidate as certain, so the branch spans the block (4 tokens)
     and the requested mean is what the verifies commit. The server keeps serving on the committed tokens, and it
-    says that it simulates. Run as ``bench.step_profile`` runs it, with the host-timed ranges and the host profiler
-    on: each verify's phases and SGLang's verify functions inside it are timed once per verify, and the profile
-    finds the worker's step and SGLang's verify inside the decode iterations. The package's greedy verify
-    (the default) simulates in its acceptance kernel, and SGLang's sampling is never called. With
-    ``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH`` the mean is the one given for the verify's width."""
+    says that it simulates. The package's greedy verify (the default) simulates in its acceptance kernel, SGLang's
+    in its own. With ``SGLANG_DDTREE_SIMULATE_ACC_BY_WIDTH`` the mean is the one given for the verify's width."""
     target, drafter = models
     engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
               "speculative_num_draft_tokens": 9}  # fmt: skip
     params = {**GREEDY, "max_new_tokens": 40}
     report = run_engine_generate(engine, PROMPTS, params,
-                                 env={**SIMULATED_MEAN_3_5[source], "SGLANG_DDTREE_TRACE_RANGES": "1",
-                                      "SGLANG_DDTREE_HOST_PROFILE": "1", **(SGLANG_VERIFY if verify == "sglang" else {})})  # fmt: skip
+                                 env={**SIMULATED_MEAN_3_5[source], **(SGLANG_VERIFY if verify == "sglang" else {})})
     simulated = report["scheduler_states"][0]["ddtree_simulated_acceptance"]
     if source == "mean":
         assert simulated["mean_accept_length"] == 3.5
@@ -218,17 +214,37 @@ def test_simulated_acceptance_commits_the_requested_mean_along_the_best_branch(m
     # ~90 draws of 2 or 3 drafts: 2.5 within 4 standard deviations (0.21), less where a request's last verify was
     # cut by max_new_tokens (at most one per request, ~11 verifies each)
     assert 2.5 - 0.35 <= drafts_per_verify <= 2.5 + 0.25, (drafts_per_verify, verifies)
+    lean_path = report["scheduler_states"][0].get("ddtree_lean_verify")  # None where it is off
+    if verify == "sglang":
+        assert lean_path is None
+    else:
+        assert lean_path["lean"] >= verifies and lean_path["sglang"] == 0
+
+
+@pytest.mark.parametrize("verify", ["sglang", "lean"])
+def test_the_host_profile_times_each_verify_phase_once_per_verify(models, verify):
+    """Run as ``bench.step_profile`` runs it (simulated acceptance, the host-timed ranges and the host profiler
+    on; a short run, since profiling doubles an engine's time): each verify's phases and SGLang's verify
+    functions inside it are timed once per verify, and the profile finds the worker's step and SGLang's verify
+    inside the decode iterations. SGLang's path gathers the accepted predictions and hidden states to the front
+    of each block and samples with ``eagle_sample``; the package's greedy verify (the default) does neither."""
+    target, drafter = models
+    engine = {**exact_engine_args(target), "speculative_algorithm": "DDTREE", "speculative_draft_model_path": drafter,
+              "speculative_num_draft_tokens": 9}  # fmt: skip
+    profiled = {**SIMULATED_MEAN_3_5["mean"], "SGLANG_DDTREE_TRACE_RANGES": "1", "SGLANG_DDTREE_HOST_PROFILE": "1"}
+    report = run_engine_generate(engine, PROMPTS[:4], GREEDY,
+                                 env={**profiled, **(SGLANG_VERIFY if verify == "sglang" else {})})
+    verifies = sum(m["spec_verify_ct"] for m in report["sequential"]["meta_info"])
     host = report["scheduler_states"][0]["ddtree_host_ranges"]  # the server's warm-up verifies included
     verify_range = "run_eagle_verify" if verify == "sglang" else "run_greedy_tree_verify"
     inside = ("eagle_sample", "finalize_accept_tree_path") if verify == "sglang" else ("accept_tree_greedy",)
     phases = ("_draft_block", verify_range, "eagle_prepare_for_verify", *inside, "_append_committed_to_draft_kv")
     verify_calls = host[verify_range]["calls"]
-    assert len({host[phase]["calls"] for phase in phases}) == 1 and verify_calls >= verifies
+    assert len({host[phase]["calls"] for phase in phases}) == 1 and verify_calls >= verifies > 0
     # the draft-context append also runs after each prefill
     assert host["append_target_hidden_to_draft_kv"]["calls"] > verify_calls
     assert 0 < host[inside[0]]["total_ms"] < host[verify_range]["total_ms"] < host["run_batch"]["total_ms"]
     assert host["move_accepted_kv"]["calls"] == verify_calls  # one KV move per verify
-    # SGLang's path gathers the predictions and hidden states to the front of each block; the lean one neither
     assert host.get("compact_accept_to_front", {"calls": 0})["calls"] == (2 * verify_calls if verify == "sglang" else 0)
     assert host["draft_project_target_hidden"]["calls"] == host["append_target_hidden_to_draft_kv"]["calls"]
     profile = report["scheduler_states"][0]["ddtree_host_profile"]
