@@ -11,6 +11,7 @@ import json
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -150,20 +151,30 @@ def test_the_trainers_replay_of_greedy_decoding_takes_the_servers_verify_steps(t
 
 def test_an_sglang_engine_writes_the_same_greedy_answers_as_transformers(trained, tmp_path):
     """``--generator sglang`` (the fast path on a GPU) distills the same data: the target's own greedy answers,
-    here the first 16 tokens of what transformers wrote (float32 on both sides); with ``--ignore-eos`` each runs
-    all 16."""
+    here the first 16 tokens of what transformers wrote (float32 on both sides). The engine's target stops at a
+    token its first answer reaches at position 3 (its config's EOS moved there: the tiny target's own EOS comes
+    later than 16 tokens in these answers), and with ``--ignore-eos`` every answer still runs all 16."""
+    by_prompt = {tuple(a["ids"][: a["answer_start"]]): a["ids"] for a in read_answers(trained["root"] / "answers.jsonl")}
+    tokenizer = AutoTokenizer.from_pretrained(trained["target"])
+    first_prompt = encode_prompts(tokenizer, load_prompts(str(trained["root"] / "prompts.txt"))[:1])[0]
+    stop_token = by_prompt[tuple(first_prompt)][len(first_prompt) + 3]
+    target = tmp_path / "target"
+    shutil.copytree(trained["target"], target)
+    for name in ("config.json", "generation_config.json"):
+        config = json.loads((target / name).read_text())
+        (target / name).write_text(json.dumps({**config, "eos_token_id": stop_token}))
     engine_args = json.dumps({**CPU_ENGINE_ARGS, "attention_backend": "triton"})
-    result = train("--target", trained["target"], "--out", str(tmp_path / "drafter"),
+    result = train("--target", str(target), "--out", str(tmp_path / "drafter"),
                    "--prompts", str(trained["root"] / "prompts.txt"), "--max-prompts", "4", "--max-new-tokens", "16",
                    "--sampled-fraction", "0", "--generator", "sglang", "--sglang-engine-args", engine_args,
                    "--answers-out", str(tmp_path / "answers.jsonl"), "--block-size", str(BLOCK), "--num-features", "2",
                    "--steps", "1", "--ignore-eos")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    by_prompt = {tuple(a["ids"][: a["answer_start"]]): a["ids"] for a in read_answers(trained["root"] / "answers.jsonl")}
     by_sglang = read_answers(tmp_path / "answers.jsonl")
-    assert len(by_sglang) == 4
+    [stopping] = [a["ids"] for a in by_sglang if a["ids"][: a["answer_start"]] == first_prompt]
+    assert len(by_sglang) == 4 and stop_token in stopping[len(first_prompt) : len(first_prompt) + 4]  # at 3 or before
     for answer in by_sglang:
-        assert len(answer["ids"]) - answer["answer_start"] == 16
+        assert len(answer["ids"]) - answer["answer_start"] == 16  # past the stop token: the first answer has it at 3
         by_transformers = by_prompt[tuple(answer["ids"][: answer["answer_start"]])]
         shared = min(len(by_transformers), len(answer["ids"]))  # transformers' answers stopped at their EOS
         assert by_transformers[:shared] == answer["ids"][:shared]
