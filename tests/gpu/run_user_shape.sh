@@ -2,7 +2,7 @@
 # Issue 18's side-by-side at the reference user's shape in one call on the GPU machine (no network there):
 # Qwen3.6-27B's config with random weights (bench.hybrid_verify_cost --write-models-only), the z-lab-shaped drafter,
 # simulated acceptance (cost only), 1,024-token random prompts, 256 tokens each, greedy. From the repository root:
-#   [ALGOS=ar,mtp,ddtree] [BUDGETS=16,32] [CONCURRENCY=16,32] [ROUNDS=1] bash tests/gpu/run_user_shape.sh
+#   [ALGOS=ar,mtp,ddtree] [BUDGETS=16,32] [CONCURRENCY=16,32] [ROUNDS=1] [GRAPH_BS="16 32"] bash tests/gpu/run_user_shape.sh
 # DFLASH's 16 GDN snapshots per request fit 13 running requests at TP 1 on a 141 GB card and 1 on an 80 GB one (the
 # launcher's sizing): above that the launcher refuses it and the bench stops before measuring anything, so it is
 # not in the default list. MTP at 16 requests on an 80 GB card runs 6 at once (KV cache, RESULTS run 75).
@@ -20,7 +20,9 @@ unset PYTHONSAFEPATH  # it drops the checkout from sys.path: `python3 -m bench.*
 ALGOS=${ALGOS:-ar,mtp,ddtree} BUDGETS=${BUDGETS:-16,32} CONCURRENCY=${CONCURRENCY:-16,32} ROUNDS=${ROUNDS:-1}
 TAUS=$(python3 -c "import sys; algos = sys.argv[1].split(','); print(','.join(t for t in ('mtp=3.556', 'dflash=3.1', 'ddtree B=16=4.06', 'ddtree B=32=4.39', 'ddtree B=64=4.67') if t.split('=')[0].split()[0] in algos))" "$ALGOS")
 MAX_RUNNING=$(tr ',' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
-GRAPH_BS=$(python3 -c "import sys; m = int(sys.argv[1]); print(*sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= m} | {m}))" "$MAX_RUNNING")
+# Decode graph batch sizes: SGLang's ladder up to the largest concurrency unless GRAPH_BS names them ("16 32": a
+# cell's requests start and end together, so smaller batches pad up to the next graph; fewer captures, faster start).
+GRAPH_BS=${GRAPH_BS:-$(python3 -c "import sys; m = int(sys.argv[1]); print(*sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= m} | {m}))" "$MAX_RUNNING")}
 left() { echo $(( T0 + ${GPU_RUN_DEADLINE_S:-570} - 45 - $(date +%s) )); }  # 45 s kept for packing
 
 echo "setup: $(( $(date +%s) - T0 ))s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee "$LOG"
