@@ -1,4 +1,5 @@
-"""Subprocess body of ``support.run_engine_generate``: one engine, its generate calls, one JSON line out."""
+"""Body of ``support.run_engine_generate``: one engine, its generate calls, one JSON line out (run in a child of
+``engine_zygote.py``, or as a script with the request as its argument)."""
 
 import json
 import sys
@@ -25,10 +26,10 @@ def streamed_or_refusal(engine, input_ids: list[int], sampling_params: dict):
     return {**chunk, "output_ids": list(chunk["output_ids"]), "chunks": chunks}
 
 
-def main() -> None:
+def run(request: dict) -> dict:
+    """One engine built from ``request["engine_args"]``, the requests sent as its modes say, its report."""
     import sglang
 
-    request = json.loads(sys.argv[1])
     engine = sglang.Engine(**{"skip_tokenizer_init": True, **request["engine_args"]})
     try:
         prompts, params = request["input_ids"], request["sampling_params"]
@@ -53,7 +54,11 @@ def main() -> None:
         report["scheduler_states"] = engine.get_server_info()["internal_states"]
     finally:
         engine.shutdown()
-    print(json.dumps(report, default=str))
+    return report
+
+
+def main() -> None:
+    print(json.dumps(run(json.loads(sys.argv[1])), default=str))
 
 
 if __name__ == "__main__":

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 from sglang_ddtree.serving import START_ATTEMPTS, port_clash
 
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-ENGINE_SCRIPT = os.path.join(TESTS_DIR, "engine_generate.py")
+ZYGOTE_SCRIPT = os.path.join(TESTS_DIR, "engine_zygote.py")
 
 CONCURRENT_REQUESTS = 4
 
@@ -48,7 +51,8 @@ def run_engine_generate(
     (sequential mode): which prompts are sent with ``stream=True``; their chunks are under ``"chunks"``.
 
     A separate process per engine keeps SGLang's scheduler children, signal handlers and global state out of
-    the test process, and lets a hung engine be killed as a process group.
+    the test process, and lets a hung engine be killed as a process group; it is forked from a process that has
+    imported SGLang already (``engine_zygote.py``), which saves an import of it per run.
     """
     request = {
         "engine_args": engine_args,
@@ -59,24 +63,73 @@ def run_engine_generate(
         "streamed": streamed,
     }
     for attempt in range(1, START_ATTEMPTS + 1):
-        proc = subprocess.Popen(
-            [sys.executable, ENGINE_SCRIPT, json.dumps(request)],
-            env={**os.environ, **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
-            raise AssertionError(f"engine run timed out after {timeout}s:\n{stderr[-4000:]}")
-        if proc.returncode == 0:
+        returncode, stdout, stderr = _ZYGOTE.run(request, {**os.environ, **(env or {})}, timeout)
+        if returncode == 0:
             return json.loads(stdout.strip().splitlines()[-1])
         if attempt == START_ATTEMPTS or not port_clash(stderr):  # engines of parallel tests race for free ports
-            raise AssertionError(f"engine run failed (exit {proc.returncode}):\n{stderr[-6000:]}")
+            raise AssertionError(f"engine run failed (exit {returncode}):\n{stderr[-6000:]}")
+
+
+class _EngineZygote:
+    """This test process's ``engine_zygote.py``, started at its first engine run: each run is a child forked from
+    it (its own session, environment and output files), which skips importing SGLang again."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.log_path = ""
+
+    def _reply(self, deadline: float) -> dict[str, Any] | None:
+        """The zygote's next line, or None at the deadline or if it died."""
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([self.proc.stdout], [], [], min(left, 5.0))[0]:
+                line = self.proc.stdout.readline()
+                return json.loads(line) if line else None
+            if self.proc.poll() is not None:
+                return None
+        return None
+
+    def run(self, request: dict[str, Any], env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+        """``(returncode, stdout, stderr)`` of one engine run; on timeout its process group is killed and the run
+        fails with its stderr's tail. A run cut short for any reason takes the zygote down with it (its protocol
+        would be out of step): the next run starts a new one."""
+        if self.proc is None or self.proc.poll() is not None:
+            with tempfile.NamedTemporaryFile(prefix="engine_zygote_", suffix=".log", delete=False) as log:
+                self.log_path = log.name
+                self.proc = subprocess.Popen([sys.executable, ZYGOTE_SCRIPT], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+        with tempfile.TemporaryDirectory(prefix="engine_run_") as folder:
+            out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+            job = {"request": request, "env": env, "cwd": os.getcwd(), "stdout": out, "stderr": err}
+            started = None
+            try:
+                self.proc.stdin.write(json.dumps(job) + "\n")
+                self.proc.stdin.flush()
+                deadline = time.monotonic() + timeout
+                started = self._reply(deadline)
+                if started is None:
+                    raise AssertionError(f"the engine zygote did not fork a run:\n{_tail(self.log_path, 4000)}")
+                ended = self._reply(deadline)
+                if ended is None:
+                    raise AssertionError(f"engine run timed out after {timeout}s:\n{_tail(err, 4000)}")
+            except BaseException:
+                if started is not None:
+                    with suppress(ProcessLookupError):  # the run may have ended meanwhile
+                        os.killpg(started["pid"], signal.SIGKILL)
+                self.proc.kill()
+                self.proc.wait()
+                raise
+            return ended["returncode"], _tail(out), _tail(err)
+
+
+def _tail(path: str, chars: int = 1 << 30) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-chars:]
+    except FileNotFoundError:
+        return ""
+
+
+_ZYGOTE = _EngineZygote()
 
 
 def accepted_drafts_of_tree_verifies(report: dict, modes: tuple[str, ...], new_tokens: int, block_size: int) -> int:
