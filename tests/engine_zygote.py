@@ -18,6 +18,8 @@ import os
 import sys
 import traceback
 
+import engine_generate
+
 
 def _redirect(fd: int, path: str, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> None:
     target = os.open(path, flags, 0o644)
@@ -34,8 +36,6 @@ def _child(job: dict) -> int:
     _redirect(0, os.devnull, os.O_RDONLY)  # the zygote's stdin carries the protocol
     _redirect(1, job["stdout"])
     _redirect(2, job["stderr"])
-    import engine_generate
-
     try:
         print(json.dumps(engine_generate.run(job["request"]), default=str))
         return 0
@@ -50,7 +50,7 @@ def _child(job: dict) -> int:
 def main() -> None:
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints of the imports must not reach the protocol
-    for module in ("sglang", "sglang.srt.entrypoints.engine", "engine_generate"):  # what every child inherits
+    for module in ("sglang", "sglang.srt.entrypoints.engine"):  # what every child inherits
         importlib.import_module(module)
     for line in sys.stdin:
         job = json.loads(line)

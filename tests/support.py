@@ -107,10 +107,10 @@ class _EngineZygote:
                 deadline = time.monotonic() + timeout
                 started = self._reply(deadline)
                 if started is None:
-                    raise AssertionError(f"the engine zygote did not fork a run:\n{_tail(self.log_path, 4000)}")
+                    raise AssertionError(f"the engine zygote did not fork a run:\n{_read(self.log_path)[-4000:]}")
                 ended = self._reply(deadline)
                 if ended is None:
-                    raise AssertionError(f"engine run timed out after {timeout}s:\n{_tail(err, 4000)}")
+                    raise AssertionError(f"engine run timed out after {timeout}s:\n{_read(err)[-4000:]}")
             except BaseException:
                 if started is not None:
                     with suppress(ProcessLookupError):  # the run may have ended meanwhile
@@ -118,13 +118,13 @@ class _EngineZygote:
                 self.proc.kill()
                 self.proc.wait()
                 raise
-            return ended["returncode"], _tail(out), _tail(err)
+            return ended["returncode"], _read(out), _read(err)
 
 
-def _tail(path: str, chars: int = 1 << 30) -> str:
+def _read(path: str) -> str:
     try:
         with open(path, errors="replace") as f:
-            return f.read()[-chars:]
+            return f.read()
     except FileNotFoundError:
         return ""
 
