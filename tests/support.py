@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -93,6 +94,7 @@ class _EngineZygote:
         fails with its stderr's tail. A run cut short for any reason takes the zygote down with it (its protocol
         would be out of step): the next run starts a new one."""
         if self.proc is None or self.proc.poll() is not None:
+            self.close()
             with tempfile.NamedTemporaryFile(prefix="engine_zygote_", suffix=".log", delete=False) as log:
                 self.log_path = log.name
                 self.proc = subprocess.Popen([sys.executable, ZYGOTE_SCRIPT], stdin=subprocess.PIPE,
@@ -120,6 +122,22 @@ class _EngineZygote:
                 raise
             return ended["returncode"], _read(out), _read(err)
 
+    def close(self) -> None:
+        """End the zygote (it exits when its input closes) and remove its log: at exit, and before a new one."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.stdin.close()
+                try:
+                    self.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
+        if self.log_path:
+            with suppress(FileNotFoundError):
+                os.remove(self.log_path)
+            self.log_path = ""
+
 
 def _read(path: str) -> str:
     try:
@@ -130,6 +148,7 @@ def _read(path: str) -> str:
 
 
 _ZYGOTE = _EngineZygote()
+atexit.register(_ZYGOTE.close)
 
 
 def accepted_drafts_of_tree_verifies(report: dict, modes: tuple[str, ...], new_tokens: int, block_size: int) -> int:

@@ -20,7 +20,6 @@ def test_failed_and_timed_out_runs_fail_their_test_and_later_runs_serve_as_befor
     assert [len(ids) for ids in first] == [4, 4]
     with pytest.raises(AssertionError, match="Unknown speculative algorithm name: NOPE"):
         run_engine_generate({**engine, "speculative_algorithm": "NOPE"}, PROMPTS, GREEDY)
-    assert run_engine_generate(engine, PROMPTS, GREEDY)["sequential"]["output_ids"] == first
     with pytest.raises(AssertionError, match="timed out after 3s"):
         run_engine_generate(engine, PROMPTS, {**GREEDY, "max_new_tokens": 2000}, timeout=3)
     assert run_engine_generate(engine, PROMPTS, GREEDY)["sequential"]["output_ids"] == first
