@@ -67,8 +67,8 @@ def serve(url: str, prompt: list[int], params: dict[str, Any], streamed: bool = 
     try:
         if streamed:
             stream = Stream(url, prompt, params, rid)
-            chunks = [{"text": c["text"], "output_ids": c["output_ids"], "finish_reason": c["meta_info"]["finish_reason"]}
-                      for c in stream.chunks()]  # fmt: skip
+            chunks = [{"text": c["text"], "output_ids": c["output_ids"],
+                       "finish_reason": c["meta_info"]["finish_reason"]} for c in stream.chunks()]  # fmt: skip
             stream.close()
             last = chunks[-1]
             return Served(last["output_ids"], last["text"], last["finish_reason"], None, None, chunks)
@@ -78,8 +78,9 @@ def serve(url: str, prompt: list[int], params: dict[str, Any], streamed: bool = 
         message = body.get("message") or body.get("error", {}).get("message") or str(body)
         return Served(None, None, None, f"HTTP {error.code}: {message}", None, None)
     if isinstance(out, list):  # n > 1: one answer per choice
+        metas = [o["meta_info"] for o in out]
         return Served([o["output_ids"] for o in out], [o["text"] for o in out],
-                      [o["meta_info"]["finish_reason"] for o in out], None, [o["meta_info"] for o in out], None)  # fmt: skip
+                      [meta["finish_reason"] for meta in metas], None, metas, None)  # fmt: skip
     return Served(out["output_ids"], out["text"], out["meta_info"]["finish_reason"], None, out["meta_info"], None)
 
 
@@ -166,8 +167,8 @@ def edge(request, tmp_path_factory):
             for name, url in (("AR", ar_url), ("DDTREE", ddtree_url))
         }  # fmt: skip
         record({"test": "edge_case_setup", "backend": backend, "eos": eos, "path_stop": [path_prompt, path_stop],
-                "accepted_drafts": {case: s.meta.get("spec_num_correct_drafts", 0) for case, s in served["DDTREE"].items()
-                                    if isinstance(s.meta, dict)}})  # fmt: skip
+                "accepted_drafts": {case: s.meta.get("spec_num_correct_drafts", 0)
+                                    for case, s in served["DDTREE"].items() if isinstance(s.meta, dict)}})  # fmt: skip
         yield {"ar_url": ar_url, "cases": cases, "json_words": json_words, "eos": eos, "served": served}
 
 
@@ -181,13 +182,15 @@ def test_ddtree_serves_the_edge_case_as_ar(edge, case):
 def test_a_penalty_is_refused_by_ddtree_with_the_reason_and_served_by_ar(edge, name, value):
     ar, ddtree = edge["served"]["AR"][f"{name} {value}"], edge["served"]["DDTREE"][f"{name} {value}"]
     assert ar.refusal is None and len(ar.ids) == PENALISED_TOKENS
-    assert ddtree.refusal.startswith("HTTP 400") and f"DDTREE speculative decoding does not support {name}" in ddtree.refusal
+    assert ddtree.refusal.startswith("HTTP 400")
+    assert f"DDTREE speculative decoding does not support {name}" in ddtree.refusal
 
 
 def test_min_new_tokens_is_refused_by_ddtree_with_the_reason_and_served_by_ar(edge):
-    ar, ddtree = edge["served"]["AR"]["min_new_tokens past a stop"], edge["served"]["DDTREE"]["min_new_tokens past a stop"]
+    ar, ddtree = (edge["served"][name]["min_new_tokens past a stop"] for name in ("AR", "DDTREE"))
     assert ar.refusal is None and ar.ids
-    assert ddtree.refusal.startswith("HTTP 400") and "DDTREE speculative decoding does not support min_new_tokens" in ddtree.refusal
+    assert ddtree.refusal.startswith("HTTP 400")
+    assert "DDTREE speculative decoding does not support min_new_tokens" in ddtree.refusal
 
 
 def test_the_cases_exercise_what_they_name(edge):
@@ -226,8 +229,8 @@ def test_a_streamed_stop_inside_an_accepted_path_streams_nothing_past_it(edge, c
         for chunk in chunks[:-1]:
             assert whole.ids[: len(chunk["output_ids"])] == chunk["output_ids"] and chunk["finish_reason"] is None
             assert whole.text.startswith(chunk["text"])
-        assert (chunks[-1]["output_ids"], chunks[-1]["text"], chunks[-1]["finish_reason"]) == (whole.ids, whole.text,
-                                                                                                 whole.finish)  # fmt: skip
+        last = chunks[-1]
+        assert (last["output_ids"], last["text"], last["finish_reason"]) == (whole.ids, whole.text, whole.finish)
     stopped = edge["served"]["DDTREE"][case.removesuffix(" streamed")].ids
     committed = [len(chunk["output_ids"]) for chunk in edge["served"]["DDTREE"]["no stop streamed"].chunks]
     assert any(before < len(stopped) < after for before, after in zip(committed, committed[1:])), committed
