@@ -41,6 +41,7 @@ for SGLang's scatter of snapshots. The executable specification is ``sglang_ddtr
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -111,21 +112,24 @@ def _program_tree(i_nh, T, H: tl.constexpr, HV: tl.constexpr, NP: tl.constexpr, 
 
 
 @triton.jit
-def _gates(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, tok, valid, i_hv, softplus_beta, softplus_threshold,
-           HV: tl.constexpr):  # fmt: skip
-    """Log-decay ``g`` and write strength ``beta`` of the tokens ``tok`` in value head ``i_hv``."""
-    x = tl.load(a_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32)
+def _gates(a_ptr, b_ptr, stride_a, stride_b, A_log_ptr, dt_bias_ptr, tok, valid, i_hv, softplus_beta,
+           softplus_threshold):  # fmt: skip
+    """Log-decay ``g`` and write strength ``beta`` of the tokens ``tok`` in value head ``i_hv`` (``stride_a``,
+    ``stride_b``: elements between two tokens' gates)."""
+    x = tl.load(a_ptr + tok * stride_a + i_hv, mask=valid, other=0).to(tl.float32)
     x += tl.load(dt_bias_ptr + i_hv).to(tl.float32)
     softplus = tl.where(softplus_beta * x <= softplus_threshold,
                         tl.log(1.0 + tl.exp(softplus_beta * x)) / softplus_beta, x)  # fmt: skip
     g = tl.where(valid, -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32)) * softplus, 0.0)
-    return g, tl.sigmoid(tl.load(b_ptr + tok * HV + i_hv, mask=valid, other=0).to(tl.float32))
+    return g, tl.sigmoid(tl.load(b_ptr + tok * stride_b + i_hv, mask=valid, other=0).to(tl.float32))
 
 
 @triton.jit
-def _head_columns(ptr, tok, valid, i_h, o_k, H: tl.constexpr, K: tl.constexpr):
-    """Columns ``o_k`` of key head ``i_h`` for the tree's rows (``[bs * T, H, K]`` queries or keys), fp32."""
-    return tl.load(ptr + (tok[:, None] * H + i_h) * K + o_k[None, :], mask=valid[:, None], other=0).to(tl.float32)
+def _head_columns(ptr, stride_tok, tok, valid, i_h, o_k, K: tl.constexpr):
+    """Columns ``o_k`` of key head ``i_h`` for the tree's rows (queries or keys, ``stride_tok`` elements between two
+    tokens, heads packed), fp32."""
+    return tl.load(ptr + tok[:, None] * stride_tok + i_h * K + o_k[None, :], mask=valid[:, None], other=0).to(
+        tl.float32)
 
 
 @triton.jit
@@ -142,8 +146,8 @@ def _ancestors(parents_ptr, rows, valid, cols):
 
 @triton.jit
 def _gdn_tree_factor_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr,
-    scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
+    q_ptr, k_ptr, a_ptr, b_ptr, stride_q, stride_k, stride_a, stride_b, A_log_ptr, dt_bias_ptr, parents_ptr, ws_ptr,
+    ws_indices_ptr, stride_ws, factors_ptr, scale, softplus_beta, softplus_threshold, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BR: tl.constexpr,
     BK: tl.constexpr, DOT: tl.constexpr, ROOT: tl.constexpr,
 ):  # fmt: skip
@@ -172,16 +176,16 @@ def _gdn_tree_factor_kernel(
     p_rows = factors + NP * NP + cols[None, :]
 
     # Per node: its log-decay g, write strength beta and 1 / |k|; the unit keys and the parents to the workspace.
-    g_c, beta_c = _gates(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, tok_c, valid_c, i_hv, softplus_beta,
-                         softplus_threshold, HV)  # fmt: skip
+    g_c, beta_c = _gates(a_ptr, b_ptr, stride_a, stride_b, A_log_ptr, dt_bias_ptr, tok_c, valid_c, i_hv,
+                         softplus_beta, softplus_threshold)  # fmt: skip
     k_sq = tl.zeros([NP], dtype=tl.float32)
     for c in range(0, K, BK):
-        b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, c + tl.arange(0, BK), H, K)
+        b_k = _head_columns(k_ptr, stride_k, tok_c, valid_c, i_h, c + tl.arange(0, BK), K)
         k_sq += tl.sum(b_k * b_k, 1)
     inv_k_c = 1.0 / tl.sqrt(k_sq + 1e-6)
     for c in range(0, K, BK):
         o_k = c + tl.arange(0, BK)
-        b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, o_k, H, K)
+        b_k = _head_columns(k_ptr, stride_k, tok_c, valid_c, i_h, o_k, K)
         tl.store(ws + off_k + (nodes_c[:, None] * HV + i_hv) * K + o_k[None, :], b_k * inv_k_c[:, None],
                  mask=valid_c[:, None])  # fmt: skip
     if i_hv == 0:
@@ -191,16 +195,17 @@ def _gdn_tree_factor_kernel(
     if ROOT:  # the root's gates, norms and unit key; its G is its own log-decay
         tok_0 = (i_n * T).to(tl.int64)
         lane_0 = tl.arange(0, 2) == 0  # the gates of one token, as a vector of two lanes
-        g_0, beta_0 = _gates(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, tok_0 + tl.zeros([2], tl.int64), lane_0, i_hv,
-                             softplus_beta, softplus_threshold, HV)  # fmt: skip
+        tok_0_lanes = tok_0 + tl.zeros([2], tl.int64)
+        g_0, beta_0 = _gates(a_ptr, b_ptr, stride_a, stride_b, A_log_ptr, dt_bias_ptr, tok_0_lanes, lane_0, i_hv,
+                             softplus_beta, softplus_threshold)  # fmt: skip
         g_0, beta_0 = tl.sum(g_0, 0), tl.sum(tl.where(lane_0, beta_0, 0.0), 0)
         k0_sq = tl.zeros([BK], dtype=tl.float32)
         q0_sq = tl.zeros([BK], dtype=tl.float32)
         qk_00 = tl.zeros([BK], dtype=tl.float32)
         for c in range(0, K, BK):
             o_k = c + tl.arange(0, BK)
-            b_k0 = tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
-            b_q0 = tl.load(q_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+            b_k0 = tl.load(k_ptr + tok_0 * stride_k + i_h * K + o_k).to(tl.float32)
+            b_q0 = tl.load(q_ptr + tok_0 * stride_q + i_h * K + o_k).to(tl.float32)
             k0_sq += b_k0 * b_k0
             q0_sq += b_q0 * b_q0
             qk_00 += b_q0 * b_k0
@@ -208,7 +213,7 @@ def _gdn_tree_factor_kernel(
         qk_00 = tl.sum(qk_00, 0)
         for c in range(0, K, BK):
             o_k = c + tl.arange(0, BK)
-            b_k0 = tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+            b_k0 = tl.load(k_ptr + tok_0 * stride_k + i_h * K + o_k).to(tl.float32)
             tl.store(ws + off_k + i_hv * K + o_k, b_k0 * inv_k0)
         tl.store(ws + off_g + i_hv, g_0)
         if i_hv == 0:
@@ -238,14 +243,14 @@ def _gdn_tree_factor_kernel(
         kk_0 = tl.zeros([BR], dtype=tl.float32)
         for c in range(0, K, BK):  # key chunks: no [nodes, K] tile is ever whole
             o_k = c + tl.arange(0, BK)
-            b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
-            b_k = _head_columns(k_ptr, tok_c, valid_c, i_h, o_k, H, K)
-            b_k_rows = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
+            b_q = _head_columns(q_ptr, stride_q, tok, valid, i_h, o_k, K)
+            b_k = _head_columns(k_ptr, stride_k, tok_c, valid_c, i_h, o_k, K)
+            b_k_rows = _head_columns(k_ptr, stride_k, tok, valid, i_h, o_k, K)
             qk += tl.dot(b_q, tl.trans(b_k), input_precision=DOT)
             kk += tl.dot(b_k_rows, tl.trans(b_k), input_precision=DOT)
             q_sq += tl.sum(b_q * b_q, 1)
             if ROOT:
-                b_k0 = tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)
+                b_k0 = tl.load(k_ptr + tok_0 * stride_k + i_h * K + o_k).to(tl.float32)
                 qk_0 += tl.sum(b_q * b_k0[None, :], 1)
                 kk_0 += tl.sum(b_k_rows * b_k0[None, :], 1)
         inv_q = scale / tl.sqrt(q_sq + 1e-6)
@@ -289,8 +294,8 @@ def _gdn_tree_factor_kernel(
 
 @triton.jit
 def _gdn_tree_apply_kernel(
-    q_ptr, k_ptr, v_ptr, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr, stride_ws, factors_ptr, o_ptr,
-    T, T_LAYOUT,
+    q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v, h0_ptr, h0_indices_ptr, stride_h0, ws_ptr, ws_indices_ptr,
+    stride_ws, factors_ptr, o_ptr, T, T_LAYOUT,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr,
     BK: tl.constexpr, DOT: tl.constexpr, ROOT: tl.constexpr,
 ):  # fmt: skip
@@ -315,14 +320,14 @@ def _gdn_tree_apply_kernel(
         o_k = c + tl.arange(0, BK)
         b_h0 = tl.load(h0_ptr + slot * stride_h0 + i_hv * V * K + o_v[None, :] * K + o_k[:, None],
                        mask=mask_v[None, :] & (slot >= 0), other=0).to(tl.float32)  # [BK, BV]  # fmt: skip
-        b_q = _head_columns(q_ptr, tok, valid, i_h, o_k, H, K)
-        b_k = _head_columns(k_ptr, tok, valid, i_h, o_k, H, K)
+        b_q = _head_columns(q_ptr, stride_q, tok, valid, i_h, o_k, K)
+        b_k = _head_columns(k_ptr, stride_k, tok, valid, i_h, o_k, K)
         q_h0 += tl.dot(b_q, b_h0, input_precision=DOT)
         k_h0 += tl.dot(b_k, b_h0, input_precision=DOT)
         if ROOT:  # the root's row: one vector-matrix product each, beside the padded tiles
-            q0_h0 += tl.sum(tl.load(q_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)[:, None] * b_h0, 0)
-            k0_h0 += tl.sum(tl.load(k_ptr + (tok_0 * H + i_h) * K + o_k).to(tl.float32)[:, None] * b_h0, 0)
-    b_v = tl.load(v_ptr + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
+            q0_h0 += tl.sum(tl.load(q_ptr + tok_0 * stride_q + i_h * K + o_k).to(tl.float32)[:, None] * b_h0, 0)
+            k0_h0 += tl.sum(tl.load(k_ptr + tok_0 * stride_k + i_h * K + o_k).to(tl.float32)[:, None] * b_h0, 0)
+    b_v = tl.load(v_ptr + tok[:, None] * stride_v + i_hv * V + o_v[None, :], mask=valid[:, None] & mask_v[None, :],
                   other=0).to(tl.float32)  # fmt: skip
     factors = factors_ptr + i_nh.to(tl.int64) * _factor_numel(NP, ROOT)
     square = rows[:, None] * NP + cols[None, :]
@@ -332,7 +337,7 @@ def _gdn_tree_apply_kernel(
     residual = b_v - key_scale[:, None] * k_h0
     if ROOT:
         root_scalars = factors + 2 * NP * NP + 5 * NP
-        v_0 = tl.load(v_ptr + (tok_0 * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+        v_0 = tl.load(v_ptr + tok_0 * stride_v + i_hv * V + o_v, mask=mask_v, other=0).to(tl.float32)
         u_0 = tl.load(root_scalars) * (v_0 - tl.load(root_scalars + 1) * k0_h0)
         residual -= tl.load(factors + 2 * NP * NP + 3 * NP + rows)[:, None] * u_0[None, :]
     b_u = tl.dot(tl.load(factors + square), beta[:, None] * residual, input_precision=DOT)
@@ -388,6 +393,17 @@ def _gdn_tree_commit_kernel(
             b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weighted_u, input_precision=DOT)  # [BK, BV]
             p_h = dst + o_v[None, :] * K + o_k[:, None]
             tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
+
+
+def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` (``[bs, T, ...]``) and the elements between two of its tokens, for the kernels, which read token ``n T
+    + t`` at ``(n T + t) * stride`` with every later dim packed. At widths SGLang's fused q/k/v split does not take
+    (Qwen3.6-27B at TP 1) the layer's q, k, v and gates are such views of one projection, and copying them cost
+    0.66 ms of a 27.4 ms step (tests/gpu/RESULTS.md run 77); any other layout is copied."""
+    inner_packed = all(x.stride(d) == math.prod(x.shape[d + 1:]) for d in range(2, x.dim()))
+    if inner_packed and x.stride(0) == x.shape[1] * x.stride(1):
+        return x, x.stride(1)
+    return x.contiguous(), math.prod(x.shape[2:])
 
 
 def _padded_nodes(T: int) -> int:
@@ -449,14 +465,14 @@ def gdn_tree_verify(
     NP, BK = _padded_nodes(T - root), min(K, _BK)
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
-    q, k = q.contiguous(), k.contiguous()
     factors = build_factors(q, k, a, b, A_log, dt_bias, parents, workspace, workspace_indices, HV, V, scale,
                             softplus_beta, softplus_threshold, layout, dot_precision, bool(root))  # fmt: skip
-    o = torch.empty_like(v)
+    (q, stride_q), (k, stride_k), (v, stride_v) = _token_rows(q), _token_rows(k), _token_rows(v)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
-        q, k, v.contiguous(), ssm_states, cache_indices, ssm_states.stride(0), workspace, workspace_indices, row,
-        factors, o, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK, DOT=dot_precision, ROOT=root,
-        num_warps=num_warps,
+        q, k, v, stride_q, stride_k, stride_v, ssm_states, cache_indices, ssm_states.stride(0), workspace,
+        workspace_indices, row, factors, o, T, layout, H=H, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=BK,
+        DOT=dot_precision, ROOT=root, num_warps=num_warps,
     )  # fmt: skip
     return o
 
@@ -474,10 +490,12 @@ def build_factors(
     root = int(root_apart_pads_fewer_rows(T) if root_apart is None else root_apart and T > 1)
     NP = _padded_nodes(T - root)
     factors = torch.empty(bs * HV, 2 * NP * NP + 3 * NP + root * (2 * NP + 4), dtype=torch.float32, device=q.device)
+    (q, stride_q), (k, stride_k), (a, stride_a), (b, stride_b) = map(_token_rows, (q, k, a, b))
     _gdn_tree_factor_kernel[(bs * HV,)](
-        q, k, a.contiguous(), b.contiguous(), A_log, dt_bias, parents.contiguous(), workspace, workspace_indices,
-        workspace[0].numel(), factors, scale, softplus_beta, softplus_threshold, T, layout, H=H, HV=HV, K=K,
-        V=V, NP=NP, BR=_factor_rows(NP), BK=min(K, _BK), DOT=dot_precision, ROOT=root, num_warps=_factor_warps(NP),
+        q, k, a, b, stride_q, stride_k, stride_a, stride_b, A_log, dt_bias, parents.contiguous(), workspace,
+        workspace_indices, workspace[0].numel(), factors, scale, softplus_beta, softplus_threshold, T, layout, H=H,
+        HV=HV, K=K, V=V, NP=NP, BR=_factor_rows(NP), BK=min(K, _BK), DOT=dot_precision, ROOT=root,
+        num_warps=_factor_warps(NP),
     )  # fmt: skip
     return factors
 
