@@ -465,9 +465,10 @@ def gdn_tree_verify(
     NP, BK = _padded_nodes(T - root), min(K, _BK)
     default_bv, default_warps = _apply_launch(NP)
     block_v, num_warps = block_v or default_bv, num_warps or default_warps
+    # before the factors, so that an input that must be copied is copied once for both kernels
+    (q, stride_q), (k, stride_k), (v, stride_v) = _token_rows(q), _token_rows(k), _token_rows(v)
     factors = build_factors(q, k, a, b, A_log, dt_bias, parents, workspace, workspace_indices, HV, V, scale,
                             softplus_beta, softplus_threshold, layout, dot_precision, bool(root))  # fmt: skip
-    (q, stride_q), (k, stride_k), (v, stride_v) = _token_rows(q), _token_rows(k), _token_rows(v)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _gdn_tree_apply_kernel[(triton.cdiv(V, block_v), bs * HV)](
         q, k, v, stride_q, stride_k, stride_v, ssm_states, cache_indices, ssm_states.stride(0), workspace,

@@ -30,7 +30,7 @@ from edge_cases import (
     BUDGET, COMPARED, CONTEXT, CONTINUATION, GRAMMARS, PENALISED_TOKENS, PENALTIES, PROMPTS, STOPLESS, STREAMED,
     VOCAB, make_models, path_stop_cases, place_cases, words,
 )  # fmt: skip
-from lossless import BF16_CLEAR_MARGIN
+from lossless import BF16_CLEAR_MARGIN, top_logprobs_after
 from server_load import Stream
 from suite_servers import mem_fraction_flags, prefill_graph_flags
 from sglang_ddtree.serving import launched_server
@@ -86,9 +86,7 @@ def serve(url: str, prompt: list[int], params: dict[str, Any], streamed: bool = 
 
 def preference(ar_url: str, context: list[int], ar_token: int, other: int) -> float:
     """How many nats AR's log-probability puts ``ar_token`` above ``other`` after ``context``."""
-    out = http_json(ar_url + "/generate", {"input_ids": context, "return_logprob": True, "top_logprobs_num": VOCAB,
-                                           "sampling_params": {"max_new_tokens": 1, "temperature": 0}})  # fmt: skip
-    logprob = {token: lp for lp, token, *_ in out["meta_info"]["output_top_logprobs"][0]}
+    logprob = {token: lp for lp, token in top_logprobs_after(ar_url, context, VOCAB)}
     return logprob[ar_token] - logprob[other]
 
 
