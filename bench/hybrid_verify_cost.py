@@ -289,11 +289,21 @@ def _post(url: str, payload: dict) -> None:
         response.read()
 
 
+def select_configs(only: list[str]) -> list[Config]:
+    """``only``'s configurations in the order named (a GPU call cut by its deadline keeps the first ones), or all of
+    them in their default order. An unknown name is refused rather than skipped, so a typo costs no GPU time."""
+    by_name = {config.name: config for config in default_configs()}
+    unknown = [name for name in only if name not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown configuration {', '.join(map(repr, unknown))}; known: {', '.join(by_name)}")
+    return [by_name[name] for name in only] if only else list(by_name.values())
+
+
 def run(args: argparse.Namespace) -> dict:
     out, models = Path(args.out), Path(args.out) / "models"
     out.mkdir(parents=True, exist_ok=True)
     write_model_folders(models)
-    configs = [c for c in default_configs() if not args.only or c.name in args.only]
+    configs = select_configs(args.only)
     report_path = out / "hybrid_verify_cost.json"
     report = json.loads(report_path.read_text()) if args.resume and report_path.exists() else {"rows": []}
     done = {row["config"] for row in report["rows"]}
@@ -481,7 +491,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tokenizer-path", required=True,
                         help="a folder with a Qwen3-VL processor and tokenizer (e.g. tests/tiny_models.py's qwen35)")
     parser.add_argument("--only", type=lambda s: [x for x in s.split(",") if x], default=[],
-                        help="comma-separated configuration names (default: all)")
+                        help="comma-separated configuration names, run in this order (default: all)")
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 8])
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=96)

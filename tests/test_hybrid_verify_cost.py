@@ -34,6 +34,16 @@ def test_every_configuration_is_accepted_by_the_launcher(models):
         assert cost.launcher_refusal(launch_args(config, models, 1), config.env) is None, config.name
 
 
+def test_only_runs_the_named_configurations_in_the_order_given_and_refuses_an_unknown_name():
+    """A GPU call cut by its deadline keeps the first configurations, so the caller's order decides what is measured;
+    a misspelt name would otherwise be skipped silently after a server start's worth of GPU time."""
+    named = ["ddtree N=65 wy", "dflash", "ddtree N=33 wy"]
+    assert [config.name for config in cost.select_configs(named)] == named
+    assert [config.name for config in cost.select_configs([])] == [c.name for c in cost.default_configs()]
+    with pytest.raises(SystemExit, match="unknown configuration 'ddtree N=33 WY'"):
+        cost.select_configs(["dflash", "ddtree N=33 WY"])
+
+
 def test_on_an_h200_the_widest_fp32_tree_fits_one_request_but_not_eight(models, tmp_path, monkeypatch):
     """65 nodes x 146.8 MiB per request slot: 9 slots (8 requests + padding) need 83.9 GiB, more than the
     ~75.5 GiB the 50.9 GiB of weights leave at --mem-fraction-static 0.9; bf16 states halve that."""
