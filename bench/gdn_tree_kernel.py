@@ -146,7 +146,8 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
         try:
             out = gdn_tree_verify(q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace,
                                   torch.arange(bs, device=dev), scale, **launch)  # fmt: skip
-            gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots, **launch)
+            gdn_tree_commit(pool[None], workspace[None], slots, last, T, source_indices=slots, block_v=block_v,
+                            num_warps=warps)  # fmt: skip
         except OutOfResources as error:  # e.g. three-pass TF32 on [128, 128] tiles: over Hopper's shared memory
             swept[launch_name(block_v, warps, precision)] = {"error": str(error).split(".")[0]}
             continue
@@ -155,8 +156,9 @@ def measure(bs: int, T: int, shape: str, tp: int, launches: list[tuple[int, int,
         verify_ms = triton.testing.do_bench(lambda: gdn_tree_verify(
             q, k, v, a, b, A_log, dt_bias, pool, slots, parents_d, workspace, torch.arange(bs, device=dev), scale,
             **launch), return_mode="median")  # fmt: skip
-        commit_ms = triton.testing.do_bench(lambda: gdn_tree_commit(pool[None], workspace[None], slots, last, T,
-                                                                    source_indices=slots, **launch), return_mode="median")  # fmt: skip
+        commit_ms = triton.testing.do_bench(lambda: gdn_tree_commit(
+            pool[None], workspace[None], slots, last, T, source_indices=slots, block_v=block_v, num_warps=warps),
+            return_mode="median")  # fmt: skip
         swept[launch_name(block_v, warps, precision)] = {
             "verify": round(verify_ms, 4), "commit": round(commit_ms, 4),
             "max_abs_diff_output": float((out.float() - sglang_out.float()).abs().max()),

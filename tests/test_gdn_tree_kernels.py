@@ -103,9 +103,11 @@ def run(parents_per_request: list[list[int]], gating: str = "mixed", seed: int =
     track_node = torch.full((bs,), -1)
     track_node[-1] = int(torch.randint(0, T, (1,), generator=torch.Generator().manual_seed(seed + 4)))
     last = torch.randint(0, T, (bs,), generator=torch.Generator().manual_seed(seed + 5))
+    commit_launch = {name: launch[name] for name in ("block_v", "num_warps") if name in launch}
     gdn_tree_commit(pool_d[None], workspace[None], torch.full((bs,), spare, device=DEVICE), track_node.to(DEVICE),
-                    capacity, source_indices=slots_d, **launch)  # fmt: skip
-    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), capacity, source_indices=slots_d, **launch)
+                    capacity, source_indices=slots_d, **commit_launch)  # fmt: skip
+    gdn_tree_commit(pool_d[None], workspace[None], slots_d, last.to(DEVICE), capacity, source_indices=slots_d,
+                    **commit_launch)  # fmt: skip
     committed = pool_d.cpu()
     torch.testing.assert_close(committed[slots], want_states[torch.arange(bs), last], **TOLERANCE)
     torch.testing.assert_close(committed[spare], want_states[-1, track_node[-1]], **TOLERANCE)

@@ -75,12 +75,13 @@ for NP, root in ((128, 0), (64, 1)):
     bv, warps = g._apply_launch(NP)
     launches += [("_gdn_tree_factor_kernel", NP, dict(H=16, BR=g._factor_rows(NP), ROOT=root), g._factor_warps(NP)),
                  ("_gdn_tree_apply_kernel", NP, dict(H=16, BV=bv, ROOT=root), warps)]
-launches.append(("_gdn_tree_commit_kernel", 128, dict(BV=g._commit_launch(128)[0]), g._commit_launch(128)[1]))
+launches.append(("_gdn_tree_commit_kernel", 128, dict(BV=g.COMMIT_LAUNCH[0]), g.COMMIT_LAUNCH[1]))
 shared = {}
 for name, NP, extra, warps in launches:
     kernel = getattr(g, name)
     for precision in g.DOT_PRECISIONS:
         const = {"HV": 48, "K": 128, "V": 128, "NP": NP, "BK": 32, "DOT": precision, **extra}
+        const = {name: value for name, value in const.items() if name in kernel.arg_names}  # the commit: no dot
         signature = {}
         for arg in kernel.arg_names:
             if arg in const:

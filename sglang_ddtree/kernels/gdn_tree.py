@@ -31,7 +31,9 @@ its time, ``bench/results/gdn_tree_kernel/2026-12-04_launch_sweep``). ``T`` is p
 width decides the cost (run 69: 0.053 ms at 16 rows, 0.088 at 64, batch 1), and a DDTree's width is one past a
 power of two (a budget of 32 drafted nodes and the root), so where that saves rows the root is set apart
 (:func:`root_apart_pads_fewer_rows`): it is every node's ancestor, so its ``u`` is solved first from ``S0``
-alone, the other rows take it in through one coupling each in ``A`` and ``P``, and 33 nodes pad to 32 rows.
+alone, the other rows take it in through one coupling each in ``A`` and ``P``, and 33 nodes pad to 32 rows. The
+commit, once per step for all layers, walks the accepted path up from its node and adds one rank-1 term per node to
+rows of the decayed root state.
 
 Layouts are SGLang 0.5.17's: ``q, k [bs, T, H, K]``, ``v [bs, T, HV, V]``, ``a, b [bs, T, HV]``, states
 ``[slots, HV, V, K]``, ``parents [bs, T]`` (``retrieve_parent_token``; the root's entry is not read), and the
@@ -79,9 +81,9 @@ def _apply_launch(NP: int) -> tuple[int, int]:
     return (64, 8) if NP <= 64 else (32, 8)
 
 
-def _commit_launch(NP: int) -> tuple[int, int]:
-    """The commit's: [NP, BV] and [NP, BK] tiles, the key chunks in turn (chosen as the apply kernel's)."""
-    return (64, 8) if NP <= 64 else (32, 8)
+COMMIT_LAUNCH = (32, 8)
+"""The commit's (state rows per program, warps): [32, 128] float32 rows of state a program, which compiled for sm_90
+hold 64 registers a thread, 32 warps an SM, so that many loads are in flight (a first choice, not swept)."""
 
 
 @triton.jit
@@ -356,43 +358,39 @@ def _gdn_tree_apply_kernel(
 def _gdn_tree_commit_kernel(
     dst_ptr, stride_dst_layer, stride_dst_slot, ws_ptr, stride_ws_layer, stride_ws_request,
     dst_indices_ptr, src_indices_ptr, nodes_ptr, T,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, NP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    DOT: tl.constexpr,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
 ):  # fmt: skip
+    """``BV`` rows of one (layer, request, value head)'s state per program, keys contiguous as the pool holds them:
+    the root state decayed to the node, plus one rank-1 term per node of its path, walking up from it (at most a
+    block's depth; fp32 products, no tensor-core tiles over the tree's padded rows). With [NP, BV] tiles and a dot,
+    looping over the key chunks, a program held 162 registers and an SM one block: 0.39 ms per step for 48 layers at
+    batch 1 (tests/gpu/RESULTS.md run 77), where moving the states at the card's bandwidth takes ~0.1."""
     i_v, i_nh, i_layer = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_hv = i_nh // HV, i_nh % HV
     node = tl.load(nodes_ptr + i_n).to(tl.int32)
     if node >= 0:
-        rows = tl.arange(0, NP)
-        valid = rows < T
         o_v = i_v * BV + tl.arange(0, BV)
+        o_k = tl.arange(0, K)
         mask_v = o_v < V
         ws = ws_ptr + i_layer.to(tl.int64) * stride_ws_layer + i_n.to(tl.int64) * stride_ws_request
         off_u, off_g, off_k, off_p = _workspace_offsets(T, HV, K, V)
-        on_path = rows == node
-        cur = node
-        while cur > 0:
-            cur = tl.load(ws + off_p + cur).to(tl.int32)
-            on_path = on_path | (rows == cur)
-        b_G = tl.load(ws + off_g + rows * HV + i_hv, mask=valid, other=0)
-        g_node = tl.sum(tl.where(rows == node, b_G, 0.0), 0)
-        weight = tl.exp(tl.where(on_path, g_node - b_G, float("-inf")))
-        # Only the path's rows: past the verified tree's width the rows hold whatever an earlier verify left.
-        b_u = tl.load(ws + off_u + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
-                      mask=on_path[:, None] & mask_v[None, :], other=0)  # fmt: skip
-        weighted_u = weight[:, None] * b_u
+        g_node = tl.load(ws + off_g + node * HV + i_hv)
         layer = dst_ptr + i_layer.to(tl.int64) * stride_dst_layer + i_hv * V * K
-        dst = layer + tl.load(dst_indices_ptr + i_n).to(tl.int64) * stride_dst_slot
-        # The root state where the verify read it; the destination may be that same slot: each chunk of it is read
-        # before this program writes it, and no other program touches this program's value columns.
+        rows = o_v[:, None] * K + o_k[None, :]
+        # The root state where the verify read it; the destination may be that same slot: no other program reads or
+        # writes these rows.
         src = layer + tl.load(src_indices_ptr + i_n).to(tl.int64) * stride_dst_slot
-        for c in range(0, K, BK):
-            o_k = c + tl.arange(0, BK)
-            b_k = tl.load(ws + off_k + (rows[:, None] * HV + i_hv) * K + o_k[None, :], mask=on_path[:, None], other=0)
-            b_h0 = tl.load(src + o_v[None, :] * K + o_k[:, None], mask=mask_v[None, :], other=0).to(tl.float32)
-            b_h = tl.exp(g_node) * b_h0 + tl.dot(tl.trans(b_k), weighted_u, input_precision=DOT)  # [BK, BV]
-            p_h = dst + o_v[None, :] * K + o_k[:, None]
-            tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[None, :])
+        b_h = tl.exp(g_node) * tl.load(src + rows, mask=mask_v[:, None], other=0).to(tl.float32)
+        cur = node
+        while cur >= 0:  # only the path's rows: past the verified tree's width they hold an earlier verify's data
+            weight = tl.exp(g_node - tl.load(ws + off_g + cur * HV + i_hv))
+            b_u = tl.load(ws + off_u + (cur * HV + i_hv) * V + o_v, mask=mask_v, other=0)
+            b_k = tl.load(ws + off_k + (cur * HV + i_hv) * K + o_k)
+            b_h += (weight * b_u)[:, None] * b_k[None, :]
+            parent = tl.load(ws + off_p + tl.maximum(cur, 0)).to(tl.int32)
+            cur = tl.where(cur > 0, parent, -1)
+        p_h = layer + tl.load(dst_indices_ptr + i_n).to(tl.int64) * stride_dst_slot + rows
+        tl.store(p_h, b_h.to(p_h.dtype.element_ty), mask=mask_v[:, None])
 
 
 def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -504,7 +502,6 @@ def build_factors(
 def gdn_tree_commit(
     dst: torch.Tensor, workspace: torch.Tensor, dst_indices: torch.Tensor, nodes: torch.Tensor, T: int, *,
     source_indices: torch.Tensor, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    dot_precision: str = DEFAULT_DOT_PRECISION,
 ) -> None:
     """For each request ``i`` with ``nodes[i] >= 0``: ``dst[:, dst_indices[i]]`` = the state after the root-to-node
     path of ``nodes[i]``, from the root state ``dst[:, source_indices[i]]`` (the slot the verify read: the
@@ -512,17 +509,11 @@ def gdn_tree_commit(
     ...]`` as :func:`gdn_tree_verify` filled it, laid out for trees of ``T`` nodes: its ``capacity``; the tree
     verified may have had fewer, the nodes of its paths are all below ``T``). The destination may be the source
     slot itself; a commit into another slot (a prefix-cache track node's) must come before that one, which
-    replaces the root state. ``block_v``, ``num_warps``, ``dot_precision``: as for :func:`gdn_tree_verify`
-    (default launch: :func:`_commit_launch`)."""
-    if dot_precision not in DOT_PRECISIONS:
-        raise ValueError(f"gdn_tree_commit: dot_precision must be one of {DOT_PRECISIONS}, got '{dot_precision}'")
+    replaces the root state. ``block_v`` (state rows per program) and ``num_warps``: the launch (default
+    :data:`COMMIT_LAUNCH`; for ``bench.gdn_tree_kernel``'s sweep)."""
     layers, _, HV, V, K = dst.shape
-    NP = _padded_nodes(T)
-    default_bv, default_warps = _commit_launch(NP)
-    block_v, num_warps = block_v or default_bv, num_warps or default_warps
-    grid = (triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)
-    _gdn_tree_commit_kernel[grid](
+    block_v, num_warps = block_v or COMMIT_LAUNCH[0], num_warps or COMMIT_LAUNCH[1]
+    _gdn_tree_commit_kernel[(triton.cdiv(V, block_v), nodes.shape[0] * HV, layers)](
         dst, dst.stride(0), dst.stride(1), workspace, workspace.stride(0), workspace.stride(1),
-        dst_indices, source_indices, nodes, T, HV=HV, K=K, V=V, NP=NP, BV=block_v, BK=min(K, _BK),
-        DOT=dot_precision, num_warps=num_warps,
+        dst_indices, source_indices, nodes, T, HV=HV, K=K, V=V, BV=block_v, num_warps=num_warps,
     )  # fmt: skip
