@@ -167,6 +167,7 @@ def test_ddtree_greedy_equals_ar_greedy_alone_and_concurrent(models, ar_outputs,
     if gdn_verify == "wy":
         used = state["ddtree_gdn_wy_verify"]
         assert used["layer_verifies"] > 0 and used["layer_convs"] > 0 and used["commits"] > 0, used
+        assert used["layer_convs"] == GDN_LAYERS * used["parents_fills"], used  # the parents once per verify
         buffers = used["intermediate_buffers"]  # per request slot
         nodes, slots = budget + 1, workspace_slots(budget + 1, HV=1, K=32, V=32, conv_input_bytes=GDN_CONV_INPUT_BYTES)
         assert (buffers["tree_nodes"], buffers["ssm_slots_per_request"]) == (nodes, slots) and slots < nodes

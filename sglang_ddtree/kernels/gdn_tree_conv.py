@@ -165,14 +165,15 @@ def _conv_launch(NP: int) -> tuple[int, int]:
 def gdn_tree_conv(
     x: torch.Tensor, conv_states: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
     activation: Optional[str], state_indices: torch.Tensor, next_token: torch.Tensor, next_sibling: torch.Tensor,
-    parents: torch.Tensor, inputs: torch.Tensor, input_rows: torch.Tensor,
+    parents: torch.Tensor, inputs: torch.Tensor, input_rows: torch.Tensor, parents_filled: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """The convolved tree ``[bs, dim, T]`` (laid out as ``x``, SGLang's ``[bs, dim, T]`` view of ``[bs, T, dim]``
     tokens) of a batch of trees, each from its request's persistent window ``conv_states[state_indices[n]]``
     (``[slots, dim, W - 1]``, read only); ``parents [bs, T]`` is filled from the ``next_token / next_sibling``
-    links, and node ``i``'s input goes to ``inputs[input_rows[n], i * dim:]`` (``inputs [rows, >= T * dim]``,
-    contiguous rows) for :func:`gdn_tree_conv_commit`. ``activation``: ``"silu"`` / ``"swish"`` / ``True`` or
-    none."""
+    links, unless ``parents_filled`` says an earlier GDN layer of the same verify filled it (the links are every
+    layer's: one launch per layer cost 0.27 ms of a 27.4 ms step, tests/gpu/RESULTS.md run 77), and node ``i``'s
+    input goes to ``inputs[input_rows[n], i * dim:]`` (``inputs [rows, >= T * dim]``, contiguous rows) for
+    :func:`gdn_tree_conv_commit`. ``activation``: ``"silu"`` / ``"swish"`` / ``True`` or none."""
     if activation not in (None, False, True, "silu", "swish"):
         raise ValueError(f"gdn_tree_conv: activation must be silu, swish or none, got '{activation}'")
     bs, dim, T = x.shape
@@ -182,10 +183,11 @@ def gdn_tree_conv(
     if inputs.stride(-1) != 1 or inputs[0].numel() < T * dim:
         raise ValueError(f"gdn_tree_conv needs contiguous input rows of {T * dim} elements, got {inputs[0].numel()}")
     NP = max(2, triton.next_power_of_2(T))
-    _gdn_tree_parents_kernel[(bs,)](
-        next_token, next_token.stride(0), next_sibling, next_sibling.stride(0), parents, parents.stride(0), T, NP=NP,
-        JUMPS=NP.bit_length(), num_warps=4,
-    )  # fmt: skip
+    if not parents_filled:
+        _gdn_tree_parents_kernel[(bs,)](
+            next_token, next_token.stride(0), next_sibling, next_sibling.stride(0), parents, parents.stride(0), T,
+            NP=NP, JUMPS=NP.bit_length(), num_warps=4,
+        )  # fmt: skip
     BD, warps = _conv_launch(NP)
     out = torch.empty_like(x)
     _gdn_tree_conv_kernel[(triton.cdiv(dim, BD), bs)](

@@ -81,6 +81,7 @@ class WorkspaceLayout:
 _planned: Optional[WorkspaceLayout] = None
 _allocated: Optional[WorkspaceLayout] = None
 _report: dict[str, int] = {}
+_first_layer_conv_inputs: Optional[int] = None  # the address of the first GDN layer's conv inputs
 
 
 def _layout_for(configurator: Any) -> Optional[WorkspaceLayout]:
@@ -161,7 +162,9 @@ def _conv_inputs_in_the_workspace(pool: Any, nodes: int) -> None:
 
     cache = pool.mamba_cache
     channels = [(math.prod(window.shape[3:-1]), window.dtype) for window in cache.intermediate_conv_window]
+    global _first_layer_conv_inputs
     views = conv_input_views(cache.intermediate_ssm, nodes, channels)
+    _first_layer_conv_inputs = views[0].data_ptr()
     pool.mamba_cache = dataclasses.replace(cache, intermediate_conv_window=views)
     pool._intermediate_conv_window_phys = []  # SGLang's record of the physical windows: there are none
     pool.mem_usage = (pool.mamba_cache.mem_usage_bytes() - sum(v.numel() * v.element_size() for v in views)) / GB
@@ -171,6 +174,13 @@ def conv_inputs_in_place() -> bool:
     """Whether this process's pool holds one conv input per node instead of a window (then SGLang's tree conv and
     its commit of windows must not run on it: ``hybrid_tree_verify`` puts the package's in their place)."""
     return _allocated is not None
+
+
+def first_gdn_layer(conv_inputs: torch.Tensor) -> bool:
+    """Whether ``conv_inputs`` (one layer's, as SGLang's GDN backend hands them to the tree conv) are the pool's
+    first GDN layer's: the layer a verify forward reaches first, whose tree conv fills the parents every later layer
+    reads."""
+    return conv_inputs.data_ptr() == _first_layer_conv_inputs
 
 
 def workspace_pool_report() -> Optional[dict[str, int]]:

@@ -35,7 +35,7 @@ VERIFY_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.GDNKernelDispatc
 CONV_TARGET = "sglang.srt.layers.attention.linear.gdn_backend.causal_conv1d_update"
 # The name the hybrid backend's commit calls (``update_mamba_state_after_mtp_verify``), bound at its import.
 SCATTER_TARGET = "sglang.srt.layers.attention.hybrid_linear_attn_backend.scatter_mamba_states_after_mtp_verify"
-_counts = {"layer_verifies": 0, "layer_convs": 0, "commits": 0}
+_counts = {"layer_verifies": 0, "layer_convs": 0, "parents_fills": 0, "commits": 0}
 _warned = False
 
 
@@ -75,7 +75,7 @@ def convolve_tree_without_windows(original: Callable[..., torch.Tensor], x: torc
     """AROUND the GDN backend's ``causal_conv1d_update``: a DDTREE tree verify's conv through one GDN layer, where
     the pool holds one input per node (a decode step's conv, and any conv on other pools, stay SGLang's)."""
     from sglang_ddtree.kernels.gdn_tree_conv import gdn_tree_conv
-    from sglang_ddtree.speculative.gdn_workspace_pool import conv_inputs_in_place
+    from sglang_ddtree.speculative.gdn_workspace_pool import conv_inputs_in_place, first_gdn_layer
 
     parents = kwargs.get("retrieve_parent_token")
     if not conv_inputs_in_place():
@@ -87,12 +87,14 @@ def convolve_tree_without_windows(original: Callable[..., torch.Tensor], x: torc
         return original(x, conv_states, weight, bias, activation, **kwargs)
     bs = x.shape[0]
     inputs = kwargs["intermediate_conv_window"]
+    fill_parents = first_gdn_layer(inputs)
     out = gdn_tree_conv(
         x, conv_states, weight, bias, activation, kwargs["conv_state_indices"][:bs], kwargs["retrieve_next_token"],
         kwargs["retrieve_next_sibling"], parents, inputs.view(inputs.shape[0], -1),
-        kwargs["intermediate_state_indices"][:bs],
+        kwargs["intermediate_state_indices"][:bs], parents_filled=not fill_parents,
     )  # fmt: skip
     _counts["layer_convs"] += 1
+    _counts["parents_fills"] += fill_parents
     return out
 
 
