@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from bench.provenance import checkout_commit
+from bench.provenance import checkout_commit, refuse_another_cards_report
 from bench.side_by_side import stream_generate
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.profiling.ddtree_step_profile import PROFILE_STEPS_ENV, phase_means, server_step_profile
@@ -305,6 +305,8 @@ def run(args: argparse.Namespace) -> dict:
     write_model_folders(models)
     configs = select_configs(args.only)
     report_path = out / "hybrid_verify_cost.json"
+    if args.resume:
+        refuse_another_cards_report(report_path, _gpu_name(), "bench.hybrid_verify_cost")
     report = json.loads(report_path.read_text()) if args.resume and report_path.exists() else {"rows": []}
     done = {row["config"] for row in report["rows"]}
     report["meta"] = {"gpu": _gpu_name(), "commit": checkout_commit(), "date": time.strftime("%Y-%m-%d"),

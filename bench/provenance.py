@@ -38,3 +38,14 @@ def write_report(out: str, name: str, report: dict, markdown: str) -> None:
     (folder / f"{name}.json").write_text(json.dumps(report, indent=1))
     (folder / f"{name}.md").write_text(markdown)
     print(markdown)
+
+
+def refuse_another_cards_report(report_path: Path, gpu: str, prog: str) -> None:
+    """Exit with one line when a report to be resumed (``--resume``) was measured on another GPU: one table's
+    timings come from one card (a GPU call may get an H100 where the last got an H200)."""
+    if not report_path.is_file():
+        return
+    theirs = json.loads(report_path.read_text()).get("meta", {}).get("gpu")
+    if theirs and theirs != gpu:
+        raise SystemExit(f"python -m {prog}: error: --resume: {report_path} was measured on {theirs}, this is {gpu}; "
+                         "start a new folder")

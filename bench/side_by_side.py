@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Collection, Optional, Sequence
 
-from bench.provenance import checkout_commit
+from bench.provenance import checkout_commit, refuse_another_cards_report
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
 from sglang_ddtree.profiling.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
 from sglang_ddtree.serving import launched_server, server_state
@@ -591,6 +591,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(f"python -m bench.side_by_side: error: --rounds {args.rounds} at concurrency {max(args.concurrency)} "
               f"needs {args.rounds * max(args.concurrency)} prompts; the datasets give {len(prompts)}", file=sys.stderr)
         sys.exit(2)
+    if args.resume:
+        refuse_another_cards_report(out / "side_by_side.json", _device_name(), "bench.side_by_side")
     records, ar_top2, commands, step_profiles = resumed(out) if args.resume else ([], {}, {}, [])
     done = {r.config for r in records}
     meta = {"date": time.strftime("%Y-%m-%d"), "commit": checkout_commit(), "gpu": _device_name(), "model_path": args.model_path, "tp": args.tp,

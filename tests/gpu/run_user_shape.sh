@@ -14,7 +14,8 @@
 # the per-token acceptance (0.678) that gives the user's DFLASH tau of 3.1 over 15 drafts (a tree commits at least
 # that much: an assumption again, said so in the report).
 # Expects .whl/wheelhouse.tar.xz; optional .gpu/jitcache_*.txz. GPU_RUN_DEADLINE_S (default 570) bounds the whole call:
-# the bench keeps every finished configuration (--resume), so what ran before the deadline comes back.
+# the bench keeps every finished configuration (--resume), so what ran before the deadline comes back; a carried
+# .gpu/side_by_side.json (an earlier call's report, same kind of card: the bench refuses another's) is resumed.
 # Writes into $OUT: user_shape.log, sbs.tgz (the bench's folder), server_logs.tgz, the JIT cache pieces.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,6 +37,7 @@ echo "setup: $(( $(date +%s) - T0 ))s, commit $(git rev-parse --short HEAD 2>/de
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 [ -d /tmp/tiny_models/qwen35 ] || python3 tests/tiny_models.py --out /tmp/tiny_models >>"$LOG" 2>&1
 python3 -m bench.hybrid_verify_cost --tokenizer-path /tmp/tiny_models/qwen35 --out /tmp/q27 --write-models-only >>"$LOG" 2>&1
+mkdir -p "$OUT/sbs" && { [ ! -f .gpu/side_by_side.json ] || cp .gpu/side_by_side.json "$OUT/sbs/"; }
 echo "== side_by_side (up to $(left)s): algos $ALGOS, budgets $BUDGETS, concurrency $CONCURRENCY" | tee -a "$LOG"
 start=$(date +%s)
 timeout "$(left)" python3 -m bench.side_by_side \
