@@ -9,12 +9,13 @@ against the first on the same inputs, so that the head's form is chosen from a m
 
 * ``matmul``: ``hidden @ W[:V].T`` on the strided ``[bs, 15, H]`` view, as the head does today;
 * ``weight_first``: ``(W[:V] @ hidden.T).T`` made contiguous (the same product with the operands' roles swapped);
-* ``padded_128``: the tokens padded to a multiple of 128 rows, then the padding's logits dropped;
+* ``padded_M``: the tokens padded to a multiple of M rows, then the padding's logits dropped (the target's own LM
+  head over 264 verify tokens ran as 256 x 136 tiles in 0.97 ms in the same trace);
 * ``vocab_chunks_N``: ``N`` products, one per block of the vocabulary's rows (weight first, into row blocks of one
   ``[V, tokens]`` output, then made ``[tokens, V]``), so that a block's weights can stay in L2 while the token tiles
   re-read them.
 
-    python -m bench.draft_head_gemm --out OUT [--batch-sizes 1,2,4,8,16,32] [--hidden 5120] [--vocab 248320]
+    python -m bench.draft_head_gemm --out OUT [--batch-sizes 1,2,4,8,16,32] [--pad-tokens-to 128,256]
 
 On a machine without CUDA it runs on the CPU (for its tests, at small shapes).
 """
@@ -33,7 +34,10 @@ from sglang_ddtree.cli import OneLineArgumentParser, int_list
 DRAFTED = 15  # a 16-token block's drafted positions
 
 
-def forms(chunks: tuple[int, ...]) -> dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+Form = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def forms(chunks: tuple[int, ...], pads: tuple[int, ...]) -> dict[str, Form]:
     """name -> f(block_states [bs, 16, H], weight [V, H]) -> logits [bs, 15, V]."""
 
     def matmul(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -44,14 +48,17 @@ def forms(chunks: tuple[int, ...]) -> dict[str, Callable[[torch.Tensor, torch.Te
         tokens = states[:, 1:, :].reshape(bs * DRAFTED, -1)
         return torch.matmul(weight, tokens.t()).t().contiguous().view(bs, DRAFTED, -1)
 
-    def padded(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        bs, _, hidden = states.shape
-        rows = bs * DRAFTED
-        tokens = states.new_zeros((-(-rows // 128) * 128, hidden))
-        tokens[:rows] = states[:, 1:, :].reshape(rows, hidden)
-        return torch.matmul(tokens, weight.t())[:rows].view(bs, DRAFTED, -1)
+    def padded(multiple: int) -> Form:
+        def run(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+            bs, _, hidden = states.shape
+            rows = bs * DRAFTED
+            tokens = states.new_zeros((-(-rows // multiple) * multiple, hidden))
+            tokens[:rows] = states[:, 1:, :].reshape(rows, hidden)
+            return torch.matmul(tokens, weight.t())[:rows].view(bs, DRAFTED, -1)
 
-    def vocab_chunks(count: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        return run
+
+    def vocab_chunks(count: int) -> Form:
         def run(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             bs = states.shape[0]
             tokens = states[:, 1:, :].reshape(bs * DRAFTED, -1)
@@ -62,7 +69,7 @@ def forms(chunks: tuple[int, ...]) -> dict[str, Callable[[torch.Tensor, torch.Te
 
         return run
 
-    return {"matmul": matmul, "weight_first": weight_first, "padded_128": padded,
+    return {"matmul": matmul, "weight_first": weight_first, **{f"padded_{m}": padded(m) for m in pads},
             **{f"vocab_chunks_{count}": vocab_chunks(count) for count in chunks}}  # fmt: skip
 
 
@@ -79,7 +86,8 @@ def time_ms(fn: Callable[[], torch.Tensor], device: torch.device, repeats: int) 
     return statistics.median(samples)
 
 
-def measure(batch_sizes: list[int], hidden: int, vocab: int, chunks: tuple[int, ...], repeats: int = 5) -> dict:
+def measure(batch_sizes: list[int], hidden: int, vocab: int, chunks: tuple[int, ...], pads: tuple[int, ...],
+            repeats: int = 5) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     generator = torch.Generator(device=device).manual_seed(0)
@@ -89,7 +97,7 @@ def measure(batch_sizes: list[int], hidden: int, vocab: int, chunks: tuple[int, 
         states = torch.randn(bs, DRAFTED + 1, hidden, device=device, dtype=dtype, generator=generator)
         reference = None
         cells = {}
-        for name, form in forms(chunks).items():
+        for name, form in forms(chunks, pads).items():
             logits = form(states, weight)
             reference = logits if reference is None else reference
             cells[name] = {"ms": round(time_ms(lambda: form(states, weight), device, repeats), 4),
@@ -124,9 +132,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--hidden", type=int, default=5120, help="Qwen3.6-27B's")
     parser.add_argument("--vocab", type=int, default=248320, help="Qwen3.6-27B's LM head rows")
-    parser.add_argument("--vocab-chunks", type=int_list, default=[8, 32])
+    parser.add_argument("--vocab-chunks", type=int_list, default=[8, 64])
+    parser.add_argument("--pad-tokens-to", type=int_list, default=[128, 256],
+                        help="pad the tokens to a multiple of each (cuBLAS picks its kernel by the shape)")
     args = parser.parse_args(argv)
-    report = measure(args.batch_sizes, args.hidden, args.vocab, tuple(args.vocab_chunks))
+    report = measure(args.batch_sizes, args.hidden, args.vocab, tuple(args.vocab_chunks),
+                     tuple(args.pad_tokens_to))
     write_report(args.out, "draft_head_gemm", report, markdown(report))
     return report
 
