@@ -16,8 +16,10 @@ buffers (``share_input_buffer`` never repoints a captured buffer) and its graph 
 
 On by default under ``--budget auto`` on dense targets, since the GPU suite showed every width's replays equal to
 eager re-runs and the outputs lossless (tests/gpu/RESULTS.md run 47); ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0``
-verifies the narrower widths eagerly instead (run 45's path). Hybrid (GDN) targets need ``=1``: a second GDN
-attention backend per width has not run on a GPU yet.
+verifies the narrower widths eagerly instead (run 45's path). Hybrid (GDN) targets need ``=1``: a GDN backend per
+width passed the GPU suite with SGLang's per-node snapshots (run 65) but not yet with the snapshot-free verify, the
+default; eager narrow widths cost a 27B hybrid target 57-86 ms a step where its graphed widest took 27-79 (runs 83-84),
+so ``--budget auto`` there verifies wide trees until this is on.
 """
 
 from __future__ import annotations
