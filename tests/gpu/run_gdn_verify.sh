@@ -10,7 +10,8 @@
 #     table   the served step at Qwen3.6-27B's shape side by side: the WY verify, SGLang's snapshots, DFLASH's chain
 #             (bench.hybrid_verify_cost with GDN kernel profiles; not in the default list: a call of its own;
 #             TABLE_ONLY=NAME,... runs those configurations only, in that order, TABLE_BATCH_SIZES=1,8 at those
-#             batch sizes; a carried .gpu/hybrid_verify_cost.json, an earlier call's report, keeps its configurations)
+#             batch sizes, TABLE_PROFILE=NAME,... with GPU kernel profiles; a carried .gpu/hybrid_verify_cost.json, an
+#             earlier call's report on the same kind of card, keeps its configurations)
 # Expects .whl/wheelhouse.tar.xz (shared/device/build_wheelhouse.sh --xz); optional .gpu/jitcache_*.txz.
 # GPU_RUN_DEADLINE_S (default 570) is the whole call's budget from the start of this script. Writes into $OUT:
 # gdn_verify.log (every part's output), bench.tgz (the bench's reports), hvc.tgz (the table's), the suite's gpu_suite.log / .jsonl,
@@ -65,7 +66,7 @@ for name in "${parts[@]}"; do
       part table 200 python3 -m bench.hybrid_verify_cost --tokenizer-path /tmp/tiny_models/qwen35 --out "$OUT/hvc" \
         --resume --deadline-s "$(( $(left) - 30 ))" --batch-sizes "${TABLE_BATCH_SIZES:-1,8}" \
         --only "${TABLE_ONLY:-ddtree N=33 wy,dflash,ddtree N=33,ddtree N=16 wy,ddtree N=65 wy}" \
-        --kernel-profile "ddtree N=33 wy,dflash,ddtree N=33"
+        --kernel-profile "${TABLE_PROFILE:-ddtree N=33 wy,dflash,ddtree N=33}"
       [ -d "$OUT/hvc" ] && tar -czf "$OUT/hvc.tgz" -C "$OUT" hvc && rm -r "$OUT/hvc" ;;
   esac
 done
