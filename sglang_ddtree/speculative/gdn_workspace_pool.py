@@ -160,9 +160,9 @@ def _conv_inputs_in_the_workspace(pool: Any, nodes: int) -> None:
     node in the conv dtype. Nothing else is allocated."""
     from sglang.srt.mem_cache.memory_pool import GB
 
+    global _first_layer_conv_inputs
     cache = pool.mamba_cache
     channels = [(math.prod(window.shape[3:-1]), window.dtype) for window in cache.intermediate_conv_window]
-    global _first_layer_conv_inputs
     views = conv_input_views(cache.intermediate_ssm, nodes, channels)
     _first_layer_conv_inputs = views[0].data_ptr()
     pool.mamba_cache = dataclasses.replace(cache, intermediate_conv_window=views)
