@@ -13,6 +13,9 @@
 #   bash tests/gpu/run_demo_pair.sh profile [python -m bench.step_profile arguments ...]
 #       where the step's wall time goes (host and GPU) for AR, DFLASH and DDTree on SmolLM2 with DRAFTER (default:
 #       the shipped drafter), report and server logs -> $OUT/step_profile.tgz (the traces stay on the machine), log $OUT/profile.log
+#   bash tests/gpu/run_demo_pair.sh client [python -m bench.sglang_client arguments ...]
+#       SGLang's own serving client against AR and DDTree on SmolLM2 with DRAFTER (default: the shipped drafter),
+#       report and server logs -> $OUT/sglang_client.tgz, log $OUT/client.log
 # Setup as tests/gpu/run_suite.sh (tests/gpu/env.sh); the JIT cache is re-packed into $OUT at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,8 +51,14 @@ case "$phase" in
     rc=${PIPESTATUS[0]}
     tar -czf "$OUT/step_profile.tgz" --exclude=traces -C /tmp demo_pair_step_profile  # traces: too big to return
     ;;
+  client)
+    python3 -m bench.sglang_client --model-path "$TARGET" --draft-model-path "${DRAFTER:-$SITE/sglang_ddtree/demo_drafter}" \
+      --out /tmp/demo_pair_sglang_client "$@" 2>&1 | tee "$OUT/client.log"
+    rc=${PIPESTATUS[0]}
+    tar -czf "$OUT/sglang_client.tgz" -C /tmp demo_pair_sglang_client
+    ;;
   *)
-    echo "usage: bash tests/gpu/run_demo_pair.sh {train|bench|profile} [arguments]" >&2
+    echo "usage: bash tests/gpu/run_demo_pair.sh {train|bench|profile|client} [arguments]" >&2
     exit 2
     ;;
 esac
