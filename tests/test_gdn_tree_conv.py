@@ -46,18 +46,33 @@ class Trees:
         self.next_token = torch.tensor([f for f, _ in links], dtype=torch.int64, device=DEVICE)  # SGLang's dtype
         self.next_sibling = torch.tensor([s for _, s in links], dtype=torch.int64, device=DEVICE)
 
-    def convolve(self, capacity: int = 0, inputs: Optional[torch.Tensor] = None,
-                 parents: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    def convolve(self, capacity: int = 0, inputs: Optional[torch.Tensor] = None, parents: Optional[torch.Tensor] = None,
+                 parents_filled: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
         """Our verify: outputs, the parents it wrote and the inputs it left (one row per request; ``inputs`` and
-        ``parents``: where, default new buffers)."""
+        ``parents``: where, default new buffers; ``parents_filled``: a later GDN layer's call, which reads them)."""
         bs, dim, T = self.x.shape
         if parents is None:
             parents = torch.full((bs, T), 99, dtype=torch.int64, device=DEVICE)
         if inputs is None:
             inputs = torch.full((bs, (capacity or T) * dim), float("nan"), dtype=self.x.dtype, device=DEVICE)
         out = gdn_tree_conv(self.x, self.pool, self.weight, self.bias, "silu", self.slots, self.next_token,
-                            self.next_sibling, parents, inputs, torch.arange(bs, device=DEVICE))  # fmt: skip
+                            self.next_sibling, parents, inputs, torch.arange(bs, device=DEVICE),
+                            parents_filled=parents_filled)  # fmt: skip
         return out, parents, inputs
+
+
+def test_a_later_layer_reads_the_parents_the_first_layer_filled_and_does_not_rebuild_them():
+    """The links are every GDN layer's, so only a verify's first layer builds the parents (48 launches per step cost
+    0.27 ms at Qwen3.6-27B's shape, tests/gpu/RESULTS.md run 77); the others convolve along what it left."""
+    batch = Trees([bushy(17, seed=2), deep_with_twigs(17)])
+    first, parents, _ = batch.convolve()
+    later, still, _ = batch.convolve(parents=parents.clone(), parents_filled=True)
+    torch.testing.assert_close(later, first, rtol=0, atol=0)
+    assert torch.equal(still, parents)
+    # What it reads is what it uses: a chain's parents in place of the bushy tree's change the outputs, and stay.
+    chains = torch.tensor([chain(17), chain(17)], dtype=torch.int64, device=DEVICE)
+    misled, kept, _ = batch.convolve(parents=chains.clone(), parents_filled=True)
+    assert torch.equal(kept, chains) and not torch.allclose(misled, first)
 
 
 @pytest.mark.parametrize(
