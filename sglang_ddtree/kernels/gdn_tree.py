@@ -396,8 +396,8 @@ def _gdn_tree_commit_kernel(
 def _token_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x`` (``[bs, T, ...]``) and the elements between two of its tokens, for the kernels, which read token ``n T
     + t`` at ``(n T + t) * stride`` with every later dim packed. At widths SGLang's fused q/k/v split does not take
-    (Qwen3.6-27B at TP 1) the layer's q, k, v and gates are such views of one projection, and copying them cost
-    0.66 ms of a 27.4 ms step (tests/gpu/RESULTS.md run 77); any other layout is copied."""
+    (Qwen3.6-27B at TP 1) the layer's q, k and v are such views of one projection, and copying them cost 0.35 ms of
+    a 27.4 ms step (tests/gpu/RESULTS.md runs 77 and 80); any other layout is copied."""
     inner_packed = all(x.stride(d) == math.prod(x.shape[d + 1:]) for d in range(2, x.dim()))
     if inner_packed and x.stride(0) == x.shape[1] * x.stride(1):
         return x, x.stride(1)
