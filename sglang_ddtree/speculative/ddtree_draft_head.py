@@ -6,17 +6,56 @@ best-first tree expansion under the node budget. All of it has static shapes per
 synchronisation, so :class:`DDTreeDraftHead` is registered as a capture tail hook of the draft model runner,
 as upstream DFlash folds its greedy head: the draft graph's replay then writes the tree into static buffers
 that the worker reads. A batch that runs the drafter eagerly calls the head eagerly, with the same buffers.
+
+The LM-head product is most of the head's time on a large target, and its speed depends on a shape detail: cuBLAS
+picks its kernel by the row count, and at Qwen3.6-27B's head (H = 5,120, V = 248,320, an H100, tests/gpu/RESULTS.md
+run 80) it ran 8 requests' 120 rows as 512 x 16 tiles that re-read the 2.5 GB of weights once per 16 rows: 6.79 ms,
+where one read takes 0.85. Padded rows (a multiple of 128 or 256) can change that choice, and which padding is
+fastest depends on the card, the shard and the batch, so the head times the paddings at start-up for the batch
+sizes it will run (:meth:`DDTreeDraftHead.choose_row_padding`) and uses each batch size's fastest: the logits are the
+same product either way.
 """
 
 from __future__ import annotations
 
+import logging
+import statistics
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 import torch
+import torch.nn.functional as F
 
 from sglang_ddtree.kernels.tree_build import build_tree
 from sglang_ddtree.kernels.tree_topk import local_topk_payload, merge_topk_payloads, topk_logprobs
+
+logger = logging.getLogger(__name__)
+
+ROW_PADDINGS = (1, 128, 256)  # the LM-head product's rows padded to a multiple of each (1: as they come)
+
+
+def lm_head_logits(rows: torch.Tensor, weight: torch.Tensor, row_multiple: int) -> torch.Tensor:
+    """``rows [n, H] @ weight.T -> [n, V]``, computed on the rows zero-padded to a multiple of ``row_multiple``
+    (the padding's logits dropped: the padded rows never mix with the real ones)."""
+    count = rows.shape[0]
+    padded = -(-count // row_multiple) * row_multiple
+    if padded != count:
+        rows = F.pad(rows, (0, 0, 0, padded - count))
+    return torch.matmul(rows, weight.t())[:count]
+
+
+def cuda_time_ms(fn: Callable[[], object], repeats: int = 5) -> float:
+    """Median GPU time of ``fn`` after one warm-up call (CUDA events; start-up only, it synchronises)."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end))
+    return statistics.median(samples)
 
 
 @dataclass
@@ -75,6 +114,7 @@ class DDTreeDraftHead:
         self.max_bs = int(max_bs)
         self.tp_group = tp_group
         self.certain_top1 = certain_top1
+        self.row_multiples: dict[int, int] = {}  # batch size -> its fastest row padding (choose_row_padding)
         # Only the outputs need fixed addresses (the worker reads them after a replay); intermediates allocated
         # during capture live in the graph's memory pool.
         self._buffers = self._allocate(max(self.max_bs, 1), lm_head_weight.device)
@@ -90,6 +130,25 @@ class DDTreeDraftHead:
             path_logprob=torch.empty(nodes, dtype=torch.float32, device=device),
         )
 
+    def choose_row_padding(self, batch_sizes: Iterable[int], time_ms: Callable[[Callable[[], object]], float]
+                           = cuda_time_ms) -> dict[int, int]:  # fmt: skip
+        """Times the LM-head product at each of ``batch_sizes`` with each of :data:`ROW_PADDINGS` and keeps the
+        fastest (the first of equals); a batch size between two timed ones uses the smaller's choice. Called once
+        at start-up, before the draft graphs are captured."""
+        weight = self.weight[: self.vocab_count]
+        for bs in sorted(set(batch_sizes)):
+            rows = torch.randn(bs * (self.block_size - 1), weight.shape[1], dtype=weight.dtype, device=weight.device)
+            times = {m: time_ms(lambda m=m: lm_head_logits(rows, weight, m)) for m in ROW_PADDINGS}
+            self.row_multiples[bs] = min(times, key=times.get)
+            logger.info("DDTREE draft head, batch %d: LM-head rows padded to a multiple of %d (%s)", bs,
+                        self.row_multiples[bs], ", ".join(f"{m}: {ms:.3f} ms" for m, ms in times.items()))  # fmt: skip
+        return self.row_multiples
+
+    def row_multiple(self, bs: int) -> int:
+        """The row padding of a ``bs``-request batch: the choice of the largest timed batch size up to it."""
+        timed = [size for size in self.row_multiples if size <= bs]
+        return self.row_multiples[max(timed)] if timed else 1
+
     def tree(self, bs: int) -> DraftTree:
         """The buffers of a ``bs``-request batch (valid after the head ran for it: graph replay or call)."""
         return DraftTree(**{name: buffer[:bs] for name, buffer in vars(self._buffers).items()})
@@ -98,9 +157,11 @@ class DDTreeDraftHead:
         """``hidden_states [bs * block_size, H]`` of the drafter -> the batch's tree (``input_ids`` unused:
         the signature of a capture tail hook)."""
         bs = hidden_states.shape[0] // self.block_size
-        hidden = hidden_states.view(bs, self.block_size, -1)[:, 1:, :]
-        logits = torch.matmul(hidden.to(self.weight.dtype), self.weight[: self.vocab_count].t())
-        out = self.tree(bs) if bs <= self.max_bs else self._allocate(bs, hidden.device)
+        drafted = self.block_size - 1
+        rows = hidden_states.view(bs, self.block_size, -1)[:, 1:, :].reshape(bs * drafted, -1)
+        logits = lm_head_logits(rows.to(self.weight.dtype), self.weight[: self.vocab_count], self.row_multiple(bs))
+        logits = logits.view(bs, drafted, -1)
+        out = self.tree(bs) if bs <= self.max_bs else self._allocate(bs, hidden_states.device)
         if self.tp_group is None:
             topk_logprobs(logits, self.topk, out_logprobs=out.top_logprobs, out_tokens=out.top_tokens)
         else:
