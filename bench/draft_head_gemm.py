@@ -7,10 +7,11 @@ tiles on 132 CTAs: 0.85 ms at batch 1 and 6.79 ms at batch 8, the 2.5 GB of weig
 16 requests the draft phase was 17.4 ms of a 53 ms step. This times the product in each form, every form checked
 against the first on the same inputs, so that the head's form is chosen from a measurement:
 
-* ``matmul``: ``hidden @ W[:V].T`` on the strided ``[bs, 15, H]`` view, as the head does today;
+* ``matmul``: ``hidden @ W[:V].T`` on the strided ``[bs, 15, H]`` view, as the head did before it padded rows;
 * ``weight_first``: ``(W[:V] @ hidden.T).T`` made contiguous (the same product with the operands' roles swapped);
-* ``padded_M``: the tokens padded to a multiple of M rows, then the padding's logits dropped (the target's own LM
-  head over 264 verify tokens ran as 256 x 136 tiles in 0.97 ms in the same trace);
+* ``padded_M``: the tokens padded to a multiple of M rows, then the padding's logits dropped, as the head does when
+  its start-up timing picks M (``lm_head_logits``; the target's own LM head over 264 verify tokens ran as 256 x 136
+  tiles in 0.97 ms in the same trace);
 * ``vocab_chunks_N``: ``N`` products, one per block of the vocabulary's rows (weight first, into row blocks of one
   ``[V, tokens]`` output, then made ``[tokens, V]``), so that a block's weights can stay in L2 while the token tiles
   re-read them.
@@ -30,6 +31,7 @@ import torch
 
 from bench.provenance import checkout_commit, write_report
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
+from sglang_ddtree.speculative.ddtree_draft_head import lm_head_logits
 
 DRAFTED = 15  # a 16-token block's drafted positions
 
@@ -51,10 +53,8 @@ def forms(chunks: tuple[int, ...], pads: tuple[int, ...]) -> dict[str, Form]:
     def padded(multiple: int) -> Form:
         def run(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             bs, _, hidden = states.shape
-            rows = bs * DRAFTED
-            tokens = states.new_zeros((-(-rows // multiple) * multiple, hidden))
-            tokens[:rows] = states[:, 1:, :].reshape(rows, hidden)
-            return torch.matmul(tokens, weight.t())[:rows].view(bs, DRAFTED, -1)
+            rows = states[:, 1:, :].reshape(bs * DRAFTED, hidden)
+            return lm_head_logits(rows, weight, multiple).view(bs, DRAFTED, -1)
 
         return run
 
