@@ -205,6 +205,9 @@ class DDTreeWorker(DFlashWorkerV2):
         )  # fmt: skip
         if lm_head.weight.is_cuda and batch_sizes:
             head.choose_row_padding(batch_sizes)
+            # The timed products' logits (up to [max_bs * (block - 1), V]) go back to the driver: the draft graphs
+            # about to be captured allocate from a private pool that cached blocks could not serve.
+            torch.cuda.empty_cache()
         return head
 
     def forward_batch_generation(
