@@ -211,8 +211,9 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
 
 def with_default_budget(request: LaunchRequest, model_path: str) -> LaunchRequest:
     """``--algo ddtree`` without ``--budget``: ``auto`` on a dense target; on a hybrid (GDN) target the fixed
-    default, until the hybrid GPU suite has run ``auto`` (its per-width verify graphs need a GDN attention backend
-    per width, which has not run on a GPU)."""
+    default. ``auto`` is lossless there (the hybrid GPU suite, per-width verify graphs included: RESULTS run 85) but
+    has not been measured at a large hybrid target's shape with those graphs (runs 83-84 priced its narrow widths
+    eagerly and it lost), and each width's graphs add a GDN attention backend whose memory there is unmeasured."""
     if request.algo != "ddtree" or request.budget is not None:
         return request
     hybrid = hybrid_targets.is_hybrid_gdn(model_configs.load_config(model_path))

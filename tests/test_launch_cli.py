@@ -141,8 +141,8 @@ def test_a_cost_only_simulation_set_up_wrong_is_one_line(models, tmp_path, varia
 
 
 def test_ddtree_budget_defaults_to_auto_on_a_dense_target_and_to_32_on_a_hybrid_one(models, hybrid):
-    """A hybrid target's per-width verify graphs (a GDN attention backend per width) have not run on a GPU: it keeps
-    the fixed default until they have."""
+    """``auto`` on a hybrid target is lossless on the GPU but not yet measured faster at a large target's shape:
+    a hybrid target keeps the fixed default until it is."""
     result = launch("--algo", "ddtree", "--model-path", models["target"], "--draft-model-path", models["drafter"],
                     "--dry-run")  # fmt: skip
     command = shlex.split(result.stdout.strip())

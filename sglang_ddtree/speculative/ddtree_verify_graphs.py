@@ -14,12 +14,11 @@ FlashInfer's float workspace, as SGLang's target and draft backends already do: 
 temporaries, and one stream runs the widths' verifies one after another. The graph runners share SGLang's input
 buffers (``share_input_buffer`` never repoints a captured buffer) and its graph memory pool.
 
-On by default under ``--budget auto`` on dense targets, since the GPU suite showed every width's replays equal to
-eager re-runs and the outputs lossless (tests/gpu/RESULTS.md run 47); ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0``
-verifies the narrower widths eagerly instead (run 45's path). Hybrid (GDN) targets need ``=1``: a GDN backend per
-width passed the GPU suite with SGLang's per-node snapshots (run 65) but not yet with the snapshot-free verify, the
-default; eager narrow widths cost a 27B hybrid target 57-86 ms a step where its graphed widest took 27-79 (runs 83-84),
-so ``--budget auto`` there verifies wide trees until this is on.
+On by default under ``--budget auto``: the GPU suite showed every width's replays equal to eager re-runs and the
+outputs lossless on dense targets (tests/gpu/RESULTS.md run 47) and on hybrid (GDN) targets with the snapshot-free
+verify (run 85: 324 verifies over widths 1-17, 8 argmax flips in 5,686 rows at bf16 ties, greedy == AR by the margin
+rule); ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0`` verifies the narrower widths eagerly instead (run 45's path), which on
+a 27B hybrid target cost 57-86 ms a step where its graphed widest took 27-79 (runs 83-84).
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ logger = logging.getLogger(__name__)
 AUTO_VERIFY_GRAPHS_ENV = "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS"
 
 
-def verify_graphs_per_width_requested(hybrid_target: bool) -> bool:
-    return env_flag(AUTO_VERIFY_GRAPHS_ENV, default=not hybrid_target)
+def verify_graphs_per_width_requested() -> bool:
+    return env_flag(AUTO_VERIFY_GRAPHS_ENV, default=True)
 
 
 class VerifyGraphsPerWidth:

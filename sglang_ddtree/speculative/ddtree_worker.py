@@ -170,8 +170,8 @@ class DDTreeWorker(DFlashWorkerV2):
 
     def init_cuda_graphs(self) -> None:
         """The drafter's graphs (DFlash's), then, under ``--budget auto``, the target's verify graphs of every other
-        width of the policy (``ddtree_verify_graphs``: dense targets unless ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS``
-        says otherwise): SGLang has captured the target's own graphs (at the widest width) before this call
+        width of the policy (``ddtree_verify_graphs``; ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0`` verifies those
+        eagerly): SGLang has captured the target's own graphs (at the widest width) before this call
         (``Scheduler.init_all_cuda_graphs``)."""
         super().init_cuda_graphs()
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
@@ -179,9 +179,7 @@ class DDTreeWorker(DFlashWorkerV2):
         target_runner = self.target_worker.model_runner
         if (
             self._auto_budget is not None
-            and verify_graphs_per_width_requested(
-                hybrid_target=getattr(target_runner.req_to_token_pool, "mamba_pool", None) is not None
-            )
+            and verify_graphs_per_width_requested()
             and isinstance(target_runner.decode_cuda_graph_runner, DecodeCudaGraphRunner)
         ):
             self._verify_graphs = capture_verify_graphs(target_runner, self._auto_budget.policy.widths)
