@@ -7,16 +7,17 @@ tiles on 132 CTAs: 0.85 ms at batch 1 and 6.79 ms at batch 8, the 2.5 GB of weig
 16 requests the draft phase was 17.4 ms of a 53 ms step. This times the product in each form, every form checked
 against the first on the same inputs, so that the head's form is chosen from a measurement:
 
-* ``matmul``: ``hidden @ W[:V].T`` on the strided ``[bs, 15, H]`` view, as the head did before it padded rows;
+* ``matmul``: ``hidden @ W[:V].T`` on the strided ``[bs, 15, H]`` view, as the head did until run 86 (torch runs
+  it as ``bmm``: one product per request, each reading the whole weight);
 * ``weight_first``: ``(W[:V] @ hidden.T).T`` made contiguous (the same product with the operands' roles swapped);
-* ``padded_M``: the tokens padded to a multiple of M rows, then the padding's logits dropped, as the head does when
-  its start-up timing picks M (``lm_head_logits``; the target's own LM head over 264 verify tokens ran as 256 x 136
+* ``padded_M``: the tokens as one ``[bs * 15, H]`` matrix padded to a multiple of M rows, then the padding's logits
+  dropped, as the head does when its start-up timing picks M (``padded_1``: unpadded) (``lm_head_logits``; the target's own LM head over 264 verify tokens ran as 256 x 136
   tiles in 0.97 ms in the same trace);
 * ``vocab_chunks_N``: ``N`` products, one per block of the vocabulary's rows (weight first, into row blocks of one
   ``[V, tokens]`` output, then made ``[tokens, V]``), so that a block's weights can stay in L2 while the token tiles
   re-read them.
 
-    python -m bench.draft_head_gemm --out OUT [--batch-sizes 1,2,4,8,16,32] [--pad-tokens-to 128,256]
+    python -m bench.draft_head_gemm --out OUT [--batch-sizes 1,2,4,8,16,32] [--pad-tokens-to 1,128,256]
 
 On a machine without CUDA it runs on the CPU (for its tests, at small shapes).
 """
@@ -133,7 +134,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--hidden", type=int, default=5120, help="Qwen3.6-27B's")
     parser.add_argument("--vocab", type=int, default=248320, help="Qwen3.6-27B's LM head rows")
     parser.add_argument("--vocab-chunks", type=int_list, default=[8, 64])
-    parser.add_argument("--pad-tokens-to", type=int_list, default=[128, 256],
+    parser.add_argument("--pad-tokens-to", type=int_list, default=[1, 128, 256],
                         help="pad the tokens to a multiple of each (cuBLAS picks its kernel by the shape)")
     args = parser.parse_args(argv)
     report = measure(args.batch_sizes, args.hidden, args.vocab, tuple(args.vocab_chunks),

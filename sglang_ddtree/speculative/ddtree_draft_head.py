@@ -7,13 +7,16 @@ synchronisation, so :class:`DDTreeDraftHead` is registered as a capture tail hoo
 as upstream DFlash folds its greedy head: the draft graph's replay then writes the tree into static buffers
 that the worker reads. A batch that runs the drafter eagerly calls the head eagerly, with the same buffers.
 
-The LM-head product is most of the head's time on a large target, and its speed depends on a shape detail: cuBLAS
-picks its kernel by the row count, and at Qwen3.6-27B's head (H = 5,120, V = 248,320, an H100, tests/gpu/RESULTS.md
-run 80) it ran 8 requests' 120 rows as 512 x 16 tiles that re-read the 2.5 GB of weights once per 16 rows: 6.79 ms,
-where one read takes 0.85. Padded rows (a multiple of 128 or 256) can change that choice, and which padding is
-fastest depends on the card, the shard and the batch, so the head times the paddings at start-up for the batch
-sizes it will run (:meth:`DDTreeDraftHead.choose_row_padding`) and uses each batch size's fastest: the logits are the
-same product either way.
+The LM-head product is most of the head's time on a large target, so its form matters. Multiplying the strided
+``[bs, block - 1, H]`` view of the drafter's states by ``W.T`` makes ``torch.matmul`` run one product per request
+(a view it cannot fold into rows without a copy goes to ``bmm``), each reading the whole weight: at Qwen3.6-27B's head
+(H = 5,120, V = 248,320, 2.5 GB) 0.86 ms per request, 13.6 ms at 16 requests on an H100 (``bench.draft_head_gemm``,
+tests/gpu/RESULTS.md run 87). The head multiplies the rows as one ``[bs * (block - 1), H]`` matrix instead: 1.03 ms at
+16 requests (run 86). cuBLAS then picks its kernel by the row count, and padded rows can pick a better one (rows
+padded to 128 took 0.91 ms at 2-8 requests in run 87); which padding is fastest depends on the card, the shard and
+the batch, so the head times the paddings at start-up for the batch sizes it will run
+(:meth:`DDTreeDraftHead.choose_row_padding`) and uses each batch size's fastest: the logits are the same product
+either way.
 """
 
 from __future__ import annotations
