@@ -76,8 +76,8 @@ SERVERS = {  # kind: (launcher arguments, environment)
     # issue 17's snapshot-free GDN tree verify, graph replays checked against eager re-runs too
     "ddtree_wy": ([*DDTREE, "--model-path", TARGET, *NO_RADIX],
                   {"SGLANG_DDTREE_GDN_WY_VERIFY": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
-    # --budget auto with verify graphs per width (a GDN backend per width; opt-in on hybrid targets: run 65 passed
-    # with SGLang's snapshots, this is the WY verify's, the default), suite_servers.AUTO_STEP_MS's table (the budget
+    # --budget auto with verify graphs per width (a GDN backend per width; the default since this passed with the
+    # WY verify in run 85, named here so the test keeps them), suite_servers.AUTO_STEP_MS's table (the budget
     # arguments are added by the servers fixture)
     "ddtree_auto": ([*DDTREE[:-2], "--model-path", TARGET, *NO_RADIX],
                     {"SGLANG_DDTREE_AUTO_VERIFY_GRAPHS": "1", "SGLANG_DDTREE_CHECK_GRAPH_VERIFY": "1"}),
