@@ -5,8 +5,10 @@
 #     exact   the GDN tree verify and tree conv at Qwen3.6-27B's shapes against SGLang's (tests/gpu/test_gpu_gdn_tree.py)
 #     bench   one GDN layer's verify, conv and commit, ours against SGLang's, TP 1 and TP 2 heads (bench.gdn_tree_kernel)
 #     specs   the CPU kernel specifications on CUDA (tests/test_gdn_tree_kernels.py, _conv.py, test_wy_commit_hook.py)
-#     served  the hybrid suite's WY servers: greedy, graph replay == eager, prefix-cache hit, sampled, and greedy under
+#     served  the hybrid suite's WY servers: greedy, graph replay == eager, prefix-cache hit, and greedy under
 #             --budget auto with a verify graph per width
+#     sampled the hybrid suite's sampling tests on the WY server (T 1, top-p 0.8; their own part: with the served
+#             part's four servers they outran a 400 s call in RESULTS run 85)
 #     table   the served step at Qwen3.6-27B's shape side by side: the WY verify, SGLang's snapshots, DFLASH's chain
 #             (bench.hybrid_verify_cost with GDN kernel profiles; not in the default list: a call of its own;
 #             TABLE_ONLY=NAME,... runs those configurations only, in that order, TABLE_BATCH_SIZES=1,8 at those
@@ -42,9 +44,10 @@ part() {  # part NAME MIN_SECONDS COMMAND...: runs COMMAND under the time left, 
 echo "setup: $(( $(date +%s) - T0 ))s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee "$LOG"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 parts=("$@")
-(( ${#parts[@]} )) || parts=(exact bench specs served)
+(( ${#parts[@]} )) || parts=(exact bench specs served sampled)
 for name in "${parts[@]}"; do
-  [[ " exact bench specs served table " == *" $name "* ]] || { echo "unknown part '$name' (exact, bench, specs, served, table)" | tee -a "$LOG"; exit 2; }
+  [[ " exact bench specs served sampled table " == *" $name "* ]] \
+    || { echo "unknown part '$name' (exact, bench, specs, served, sampled, table)" | tee -a "$LOG"; exit 2; }
 done
 for name in "${parts[@]}"; do
   case "$name" in
@@ -59,7 +62,10 @@ for name in "${parts[@]}"; do
              tests/test_gdn_tree_conv.py tests/test_wy_commit_hook.py ;;
     served)
       GPU_SUITE_BACKENDS=flashinfer GPU_SUITE_PREFILL_GRAPHS=0 part served 240 bash tests/gpu/run_suite.sh tests/gpu/test_gpu_hybrid.py \
-        -k "flashinfer and (ddtree_wy or ddtree_wy_radix or (greedy and ddtree_auto) or (sampled and ddtree_graphs))" ;;
+        -k "flashinfer and not sampled and (ddtree_wy or ddtree_wy_radix or (greedy and ddtree_auto))" ;;
+    sampled)
+      GPU_SUITE_BACKENDS=flashinfer GPU_SUITE_PREFILL_GRAPHS=0 part sampled 240 bash tests/gpu/run_suite.sh \
+        tests/gpu/test_gpu_hybrid.py -k "flashinfer and sampled and ddtree_wy" ;;
     table)
       [ -d /tmp/tiny_models/qwen35 ] || python3 tests/tiny_models.py --out /tmp/tiny_models >>"$LOG" 2>&1
       mkdir -p "$OUT/hvc" && { [ ! -f .gpu/hybrid_verify_cost.json ] || cp .gpu/hybrid_verify_cost.json "$OUT/hvc/"; }
