@@ -12,11 +12,12 @@ The LM-head product is most of the head's time on a large target, so its form ma
 (a view it cannot fold into rows without a copy goes to ``bmm``), each reading the whole weight: at Qwen3.6-27B's head
 (H = 5,120, V = 248,320, 2.5 GB) 0.86 ms per request, 13.6 ms at 16 requests on an H100 (``bench.draft_head_gemm``,
 tests/gpu/RESULTS.md run 87). The head multiplies the rows as one ``[bs * (block - 1), H]`` matrix instead: 1.03 ms at
-16 requests (run 86). cuBLAS then picks its kernel by the row count, and padded rows can pick a better one (rows
-padded to 128 took 0.91 ms at 2-8 requests in run 87); which padding is fastest depends on the card, the shard and
-the batch, so the head times the paddings at start-up for the batch sizes it will run
-(:meth:`DDTreeDraftHead.choose_row_padding`) and uses each batch size's fastest: the logits are the same product
-either way.
+16 requests (run 86). cuBLAS then picks its kernel by the row count, so padding the rows can change the kernel:
+rows padded to 128 took 0.90-0.91 ms at 1-8 requests in run 87, but at 16 the unpadded rows were fastest (1.028 ms,
+padded 1.150 / 1.176), and unpadded against padded at 2-8 requests has not been measured. Rather than fix one
+padding from that, the head times paddings 1 / 128 / 256 at start-up for the batch sizes it will run
+(:meth:`DDTreeDraftHead.choose_row_padding`, synchronising then and never in a step) and uses each batch size's
+fastest: the logits are the same product either way.
 """
 
 from __future__ import annotations
