@@ -587,6 +587,12 @@ def main(argv: Optional[list[str]] = None) -> None:
         prompts += random_prompts(args.num_prompts, args.random_prompt_len, args.model_path, tokenizer)
     warmup = tokenized_prompts([{"id": f"warmup/{i}", "dataset": "warmup", "prompt": p}
                                 for i, p in enumerate(WARMUP_PROMPTS)], tokenizer)  # fmt: skip
+    if "random" in args.datasets:
+        # Prompts as long as the measured ones (other token ids): a long prefill's one-time costs (kernels tuned
+        # or compiled for its length) fall in the warm-up, not in the first cell's time to first token.
+        warmup += [{**p, "id": f"warmup/random/{i}", "dataset": "warmup"}
+                   for i, p in enumerate(random_prompts(len(WARMUP_PROMPTS), args.random_prompt_len, args.model_path,
+                                                        tokenizer, seed=1))]  # fmt: skip
     if args.rounds and len(prompts) < args.rounds * max(args.concurrency):
         print(f"python -m bench.side_by_side: error: --rounds {args.rounds} at concurrency {max(args.concurrency)} "
               f"needs {args.rounds * max(args.concurrency)} prompts; the datasets give {len(prompts)}", file=sys.stderr)

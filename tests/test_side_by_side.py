@@ -293,6 +293,38 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
                      for step in [("warm-up", t, c, max(c, 2)), "flush", ("measure", t, c, 1)]]  # fmt: skip
 
 
+def test_random_prompts_are_warmed_up_at_their_own_length_on_other_token_ids(tmp_path, monkeypatch):
+    """A first 1,024-token prefill once waited 2 s after 16 requests arrived (RESULTS run 86: time to first token
+    2.82 s, 1.46 in run 82) while the warm-up had prefilled only short prompts: with random prompts the warm-up
+    also sends prompts of their length, drawn from another seed, so that no measured prompt is warmed."""
+    import contextlib
+
+    warmed, measured = [], []
+    monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
+    monkeypatch.setattr(side_by_side, "tokenized_prompts", lambda rows, path: [{**r, "input_ids": [7]} for r in rows])
+    monkeypatch.setattr(side_by_side, "random_prompts", lambda count, length, model, tokenizer, seed=0: [
+        {"id": f"random/{i}", "dataset": "random", "prompt": None, "input_ids": [100 + seed] * length}
+        for i in range(count)])  # fmt: skip
+    monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
+    monkeypatch.setattr(side_by_side, "flush_prefix_cache", lambda url: None)
+
+    def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens, ignore_eos=False):
+        (warmed if prompts[0]["dataset"] == "warmup" else measured).append(prompts)
+        return []
+
+    monkeypatch.setattr(side_by_side, "run_cell", fake_run_cell)
+    monkeypatch.setattr(side_by_side, "write_report", lambda *a: (tmp_path / "side_by_side.md").write_text(""))
+    side_by_side.main(["--model-path", "m", "--draft-model-path", "d", "--algos", "mtp", "--concurrency", "4",
+                       "--temperatures", "0", "--datasets", "random", "--num-prompts", "4", "--random-prompt-len",
+                       "5", "--simulate-tau", "mtp=3.5", "--out", str(tmp_path)])  # fmt: skip
+    measured_ids = {tuple(p["input_ids"]) for p in measured[0]}
+    for batch in warmed:  # the server's first warm-up and the cell's own
+        lengths = sorted(len(p["input_ids"]) for p in batch)
+        assert lengths[0] == 1 and lengths[-1] == 5
+        assert all(p["dataset"] == "warmup" and tuple(p["input_ids"]) not in measured_ids for p in batch)
+    assert len(warmed) == 2
+
+
 def test_rounds_send_rounds_times_concurrency_prompts_per_cell_and_simulated_runs_skip_ars_logprob_pass(
         tmp_path, monkeypatch):  # fmt: skip
     """``--rounds 2``: each cell sends its first 2 x concurrency prompts, so a cell at concurrency 1 is as long as
@@ -302,7 +334,7 @@ def test_rounds_send_rounds_times_concurrency_prompts_per_cell_and_simulated_run
 
     measured, top2_passes = [], []
     monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
-    monkeypatch.setattr(side_by_side, "random_prompts", lambda count, length, model, tokenizer: [
+    monkeypatch.setattr(side_by_side, "random_prompts", lambda count, length, model, tokenizer, seed=0: [
         {"id": f"random/{i}", "dataset": "random", "prompt": None, "input_ids": [1] * length} for i in range(count)])
     monkeypatch.setattr(side_by_side, "tokenized_prompts", lambda rows, path: [{**r, "input_ids": [1]} for r in rows])
     monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
