@@ -7,6 +7,7 @@ own graphs and that each replay equals an eager re-run (tests/gpu/test_gpu_ddtre
 
 from __future__ import annotations
 
+import importlib
 from types import SimpleNamespace
 
 import pytest
@@ -61,3 +62,53 @@ def test_every_width_gets_graphs_unless_turned_off(monkeypatch, value, requested
     else:
         monkeypatch.setenv(AUTO_VERIFY_GRAPHS_ENV, value)
     assert verify_graphs_per_width_requested() is requested
+
+
+def kv_budget_configurator(algorithm="DDTREE", draft=False, graph_backend="full", graph_batch_sizes=(1, 8, 16)):
+    server_args = SimpleNamespace(
+        speculative_algorithm=algorithm, speculative_num_draft_tokens=33,
+        cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(backend=graph_backend, bs=list(graph_batch_sizes))),
+    )  # fmt: skip
+    model_config = SimpleNamespace(vocab_size=248320, hidden_size=5120)
+    return SimpleNamespace(server_args=server_args, model_config=model_config, is_draft_worker=draft)
+
+
+def test_the_narrower_widths_graphs_come_out_of_the_kv_cache_budget_not_the_activations_slack(monkeypatch):
+    """At Qwen3.6-27B's shape and 16 requests the widths 1-16 took 0.89 GB after the pools were sized, and the
+    server's first decode after long prefills found no memory to launch a kernel (RESULTS run 88): the target's KV
+    budget now gives up an upper estimate of that, the widest width (SGLang's own graphs) excluded."""
+    from sglang_ddtree.speculative.ddtree_auto_budget import keep_kv_budget_for_verify_graphs, policy_widths
+    from sglang_ddtree.speculative.ddtree_verify_graphs import verify_graphs_bytes
+    from sglang_ddtree.tree.budget_policy import STEP_TIME_TABLE_ENV
+
+    monkeypatch.delenv(STEP_TIME_TABLE_ENV, raising=False)
+    assert policy_widths(33) == [1, 2, 4, 8, 16, 33]
+    budget = 70 << 30
+    kept = budget - keep_kv_budget_for_verify_graphs(lambda c, memory: budget, kv_budget_configurator(), 80 << 30)
+    assert kept == verify_graphs_bytes([1, 2, 4, 8, 16], 16, 248320, 5120)
+    measured = [0.119, 0.121, 0.158, 0.197, 0.299]  # GB per width 1 / 2 / 4 / 8 / 16, run 88's server log
+    assert sum(measured) < kept / 1e9 < 1.5 * sum(measured)
+
+
+@pytest.mark.parametrize("configurator", [
+    kv_budget_configurator(draft=True), kv_budget_configurator(algorithm="DFLASH"),
+    kv_budget_configurator(graph_backend="disabled"), kv_budget_configurator(graph_batch_sizes=()),
+], ids=["the drafter's pools", "another algorithm", "decode graphs off", "no decode graph batch sizes"])
+def test_the_kv_budget_is_untouched_where_no_verify_graphs_are_added(configurator):
+    from sglang_ddtree.speculative.ddtree_auto_budget import keep_kv_budget_for_verify_graphs
+
+    assert keep_kv_budget_for_verify_graphs(lambda c, memory: 12345, configurator, 80 << 30) == 12345
+
+
+def test_the_kv_budget_hook_is_registered_with_the_auto_budget_unless_per_width_graphs_are_off(monkeypatch):
+    from sglang_ddtree.speculative import ddtree_auto_budget
+    from sglang_ddtree.speculative.ddtree_verify_graphs import AUTO_VERIFY_GRAPHS_ENV
+
+    for value, expected in [("1", True), ("0", False)]:
+        monkeypatch.setenv(AUTO_VERIFY_GRAPHS_ENV, value)
+        registered = []
+        ddtree_auto_budget.register(SimpleNamespace(register=lambda *a: registered.append(a[0])),
+                                    SimpleNamespace(AFTER="after", AROUND="around"))  # fmt: skip
+        assert (ddtree_auto_budget.KV_CACHE_BUDGET in registered) is expected
+    module, cls, method = ddtree_auto_budget.KV_CACHE_BUDGET.rsplit(".", 2)
+    assert hasattr(getattr(importlib.import_module(module), cls), method)  # in the pinned SGLang

@@ -17,6 +17,7 @@ capture width), so every width of the policy gets target-verify graphs of its ow
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable, Optional
 
@@ -29,13 +30,20 @@ from sglang_ddtree.tree.budget_policy import (
     requested_step_time_table,
 )
 from sglang_ddtree.speculative.ddtree_simulation import simulated_width_means
-from sglang_ddtree.speculative.ddtree_verify_graphs import VerifyGraphsPerWidth
+from sglang_ddtree.speculative.ddtree_verify_graphs import (
+    VerifyGraphsPerWidth,
+    verify_graphs_bytes,
+    verify_graphs_per_width_requested,
+)
 from sglang_ddtree.env_flags import env_flag
 from sglang_ddtree.tree.measured_step_times import MeasuredStepTimes, unmeasured_table
 
 BUDGET_AUTO_ENV = "SGLANG_DDTREE_BUDGET_AUTO"  # measured step times
 
 EAGLE_SAMPLE = "sglang.srt.speculative.eagle_worker_common.eagle_sample"
+KV_CACHE_BUDGET = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator._profile_available_bytes"
+
+logger = logging.getLogger(__name__)
 
 
 class _LastVerify:
@@ -62,6 +70,39 @@ def measured_widths(tree_width: int) -> list[int]:
     """The widths a measuring auto budget chooses from: the defaults up to about half the tree, and the tree
     (a width near the tree's would cost about as much and add another set of verify graphs)."""
     return [w for w in DEFAULT_WIDTHS if w < tree_width and 2 * w <= tree_width + 1] + [tree_width]
+
+
+def policy_widths(tree_width: int) -> list[int]:
+    """The widths the auto budget of a server with ``tree_width``-node trees chooses from."""
+    table = requested_step_time_table()
+    return list(table.widths) if table is not None else measured_widths(tree_width)
+
+
+def keep_kv_budget_for_verify_graphs(original: Callable[..., int], configurator: Any, *args: Any, **kwargs: Any) -> int:
+    """AROUND SGLang's ``KVCacheConfigurator._profile_available_bytes`` (the target's KV cache budget): take out
+    what the auto budget's verify graphs of the narrower widths will hold (``ddtree_verify_graphs``), which are
+    captured after the pools are sized and would otherwise eat the activations' slack."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    from sglang_ddtree import DDTREE_ALGORITHM_NAME
+
+    available = original(configurator, *args, **kwargs)
+    server_args = configurator.server_args
+    decode_graphs = server_args.cuda_graph_config.decode
+    if (
+        configurator.is_draft_worker
+        or server_args.speculative_algorithm != DDTREE_ALGORITHM_NAME
+        or decode_graphs.backend == Backend.DISABLED
+        or not decode_graphs.bs
+    ):
+        return available
+    tree_width = int(server_args.speculative_num_draft_tokens)
+    widths = [w for w in policy_widths(tree_width) if w != tree_width]
+    kept = verify_graphs_bytes(widths, max(decode_graphs.bs), configurator.model_config.vocab_size,
+                               configurator.model_config.hidden_size)  # fmt: skip
+    logger.info("DDTREE --budget auto: %.2f GB of the KV cache budget kept for the verify graphs of widths %s "
+                "(up to %d requests)", kept / (1 << 30), widths, max(decode_graphs.bs))  # fmt: skip
+    return available - kept
 
 
 def check_auto_budget_settings(tree_width: int) -> None:
@@ -147,3 +188,5 @@ def auto_budget_report() -> Optional[dict[str, Any]]:
 
 def register(registry: Any, hook_type: Any) -> None:
     registry.register(EAGLE_SAMPLE, keep_accept_index, hook_type.AFTER)
+    if verify_graphs_per_width_requested():
+        registry.register(KV_CACHE_BUDGET, keep_kv_budget_for_verify_graphs, hook_type.AROUND)

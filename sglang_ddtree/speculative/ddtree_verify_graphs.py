@@ -19,6 +19,11 @@ outputs lossless on dense targets (tests/gpu/RESULTS.md run 47) and on hybrid (G
 verify (run 85: 324 verifies over widths 1-17, 8 argmax flips in 5,686 rows at bf16 ties, greedy == AR by the margin
 rule); ``SGLANG_DDTREE_AUTO_VERIFY_GRAPHS=0`` verifies the narrower widths eagerly instead (run 45's path), which on
 a 27B hybrid target cost 57-86 ms a step where its graphed widest took 27-79 (runs 83-84).
+
+Their memory comes out of the KV cache's budget (``verify_graphs_bytes``), not out of the slack that
+``--mem-fraction-static`` leaves for activations: captured after the pools, they took 0.89 GB of an 80 GB card's
+6.1 GB slack at Qwen3.6-27B's shape and 16 requests, and the first decode after 16 prefills of 1,024 tokens failed
+to launch a kernel for lack of memory (RESULTS run 88).
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 AUTO_VERIFY_GRAPHS_ENV = "SGLANG_DDTREE_AUTO_VERIFY_GRAPHS"
+
+# Beyond its output logits, one width's graphs and attention backend took 0.10-0.12 GB at Qwen3.6-27B's shape and
+# 16 requests (RESULTS run 88: 0.119 GB for width 1, whose fp32 logits are 16 MB).
+GRAPH_BYTES_PER_WIDTH = 128 << 20
 
 
 def verify_graphs_per_width_requested() -> bool:
@@ -80,6 +89,14 @@ class VerifyGraphsPerWidth:
 
     def report(self) -> dict[str, list[int]]:
         return {"graph_widths": self.widths, "graph_replays": [self.replays[w] for w in self.widths]}
+
+
+def verify_graphs_bytes(widths: list[int], max_batch_size: int, vocab_size: int, hidden_size: int) -> int:
+    """What verify graphs of ``widths`` keep on the GPU (an upper estimate): each width's graphs hold their
+    output logits (fp32) and hidden states for ``max_batch_size x width`` rows, and its attention backend and graph
+    runner their own buffers (``GRAPH_BYTES_PER_WIDTH``)."""
+    row_bytes = vocab_size * 4 + hidden_size * 2 * 4
+    return sum(max_batch_size * width * row_bytes + GRAPH_BYTES_PER_WIDTH for width in widths)
 
 
 def capture_verify_graphs(target_runner: ModelRunner, widths: list[int]) -> VerifyGraphsPerWidth:
