@@ -11,8 +11,9 @@ against the first on the same inputs, so that the head's form is chosen from a m
   it as ``bmm``: one product per request, each reading the whole weight);
 * ``weight_first``: ``(W[:V] @ hidden.T).T`` made contiguous (the same product with the operands' roles swapped);
 * ``padded_M``: the tokens as one ``[bs * 15, H]`` matrix padded to a multiple of M rows, then the padding's logits
-  dropped, as the head does when its start-up timing picks M (``padded_1``: unpadded) (``lm_head_logits``; the target's own LM head over 264 verify tokens ran as 256 x 136
-  tiles in 0.97 ms in the same trace);
+  dropped (cuBLAS picks its kernel by the shape: the target's own LM head over 264 verify tokens ran as 256 x 136
+  tiles in 0.97 ms in the same trace); ``padded_1`` is the head's product since run 86 (``lm_head_logits``), which
+  no padding beat at 1-32 requests in run 89;
 * ``vocab_chunks_N``: ``N`` products, one per block of the vocabulary's rows (weight first, into row blocks of one
   ``[V, tokens]`` output, then made ``[tokens, V]``), so that a block's weights can stay in L2 while the token tiles
   re-read them.
@@ -29,6 +30,7 @@ import time
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from bench.provenance import checkout_commit, write_report
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
@@ -55,7 +57,9 @@ def forms(chunks: tuple[int, ...], pads: tuple[int, ...]) -> dict[str, Form]:
         def run(states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             bs, _, hidden = states.shape
             rows = states[:, 1:, :].reshape(bs * DRAFTED, hidden)
-            return lm_head_logits(rows, weight, multiple).view(bs, DRAFTED, -1)
+            padding = -rows.shape[0] % multiple
+            logits = lm_head_logits(F.pad(rows, (0, 0, 0, padding)) if padding else rows, weight)
+            return logits[: bs * DRAFTED].view(bs, DRAFTED, -1)
 
         return run
 

@@ -12,8 +12,7 @@ import os
 import pytest
 import torch
 
-from sglang_ddtree.speculative import ddtree_draft_head as draft_head_module
-from sglang_ddtree.speculative.ddtree_draft_head import DDTreeDraftHead, lm_head_logits
+from sglang_ddtree.speculative.ddtree_draft_head import DDTreeDraftHead
 from sglang_ddtree.tree.tree_reference import reference_build_tree, reference_topk_logprobs
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -77,43 +76,6 @@ def test_under_the_acceptance_simulation_the_most_probable_branch_spans_the_bloc
     assert tree.parent[:, :chain].tolist() == [list(range(chain))] * bs  # tree node k + 1 (root 0) under node k
     assert torch.equal(tree.token[:, :chain], tree.top_tokens[:, :, 0])
     assert torch.equal(tree.top_tokens, flat.top_tokens)
-
-
-@pytest.mark.parametrize("row_multiple", [1, 4, 128])
-def test_padding_the_lm_heads_rows_leaves_the_logits_of_the_real_rows_unchanged(row_multiple):
-    gen = torch.Generator().manual_seed(5)
-    weight = torch.randn(PADDED_VOCAB, HIDDEN, generator=gen).to(DEVICE)
-    rows = torch.randn(3 * (BLOCK - 1), HIDDEN, generator=gen).to(DEVICE)  # 12 rows: 4 and 128 pad, 1 does not
-    logits = lm_head_logits(rows, weight, row_multiple)
-    assert logits.shape == (rows.shape[0], PADDED_VOCAB)
-    torch.testing.assert_close(logits, rows @ weight.t(), rtol=1e-6, atol=1e-5)
-
-
-
-def test_each_batch_size_uses_the_row_padding_timed_fastest_for_it(monkeypatch):
-    """Timed at start-up, here with a stand-in clock under which padding to 128 is fastest for 2 requests, to 256
-    for 4 and no padding otherwise. A batch of 3 uses 2's choice, one past the largest timed size the largest's,
-    one below every timed size no padding; the tree is the same under any padding."""
-    fastest = {2: 128, 4: 256}
-    last_product = {}
-
-    def recorded_lm_head_logits(rows, weight, row_multiple):
-        last_product.update(bs=rows.shape[0] // (BLOCK - 1), row_multiple=row_multiple)
-        return lm_head_logits(rows, weight, row_multiple)
-
-    def stand_in_clock(product):
-        product()
-        return 1.0 if fastest.get(last_product["bs"], 1) == last_product["row_multiple"] else 2.0
-
-    monkeypatch.setattr(draft_head_module, "lm_head_logits", recorded_lm_head_logits)
-    head, _, hidden = head_and_inputs(bs=3, max_bs=4)
-    unpadded = head(hidden)
-    assert head.choose_row_padding([4, 2, 1], time_ms=stand_in_clock) == {1: 1, 2: 128, 4: 256}
-    assert [head.row_multiple(bs) for bs in (1, 2, 3, 4, 9)] == [1, 128, 128, 256, 256]
-    padded = head(hidden)
-    assert last_product == {"bs": 3, "row_multiple": 128}
-    assert torch.equal(padded.token, unpadded.token) and torch.equal(padded.parent, unpadded.parent)
-    assert head_and_inputs(bs=2, max_bs=4)[0].row_multiple(2) == 1  # an untimed head pads nothing
 
 
 def test_the_lm_head_multiplies_every_drafted_row_in_one_product_not_one_per_request():

@@ -11,55 +11,25 @@ The LM-head product is most of the head's time on a large target, so its form ma
 ``[bs, block - 1, H]`` view of the drafter's states by ``W.T`` makes ``torch.matmul`` run one product per request
 (a view it cannot fold into rows without a copy goes to ``bmm``), each reading the whole weight: at Qwen3.6-27B's head
 (H = 5,120, V = 248,320, 2.5 GB) 0.86 ms per request, 13.6 ms at 16 requests on an H100 (``bench.draft_head_gemm``,
-tests/gpu/RESULTS.md run 87). The head multiplies the rows as one ``[bs * (block - 1), H]`` matrix instead: 1.03 ms at
-16 requests (run 86). cuBLAS then picks its kernel by the row count, so padding the rows can change the kernel:
-rows padded to 128 took 0.90-0.91 ms at 1-8 requests in run 87, but at 16 the unpadded rows were fastest (1.028 ms,
-padded 1.150 / 1.176), and unpadded against padded at 2-8 requests has not been measured. Rather than fix one
-padding from that, the head times paddings 1 / 128 / 256 at start-up for the batch sizes it will run
-(:meth:`DDTreeDraftHead.choose_row_padding`, synchronising then and never in a step) and uses each batch size's
-fastest: the logits are the same product either way.
+tests/gpu/RESULTS.md run 87). The head multiplies the rows as one ``[bs * (block - 1), H]`` matrix instead (``mm``):
+1.03 ms at 16 requests (run 86). Padding those rows to a multiple of 128 or 256 (another cuBLAS kernel) never beat
+them: 0.90-1.83 ms unpadded against 0.95-1.98 padded at 1-32 requests (run 89).
 """
 
 from __future__ import annotations
 
-import logging
-import statistics
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Optional
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from sglang_ddtree.kernels.tree_build import build_tree
 from sglang_ddtree.kernels.tree_topk import local_topk_payload, merge_topk_payloads, topk_logprobs
 
-logger = logging.getLogger(__name__)
 
-ROW_PADDINGS = (1, 128, 256)  # the LM-head product's rows padded to a multiple of each (1: as they come)
-
-
-def lm_head_logits(rows: torch.Tensor, weight: torch.Tensor, row_multiple: int) -> torch.Tensor:
-    """``rows [n, H] @ weight.T -> [n, V]``, computed on the rows zero-padded to a multiple of ``row_multiple``
-    (the padding's logits dropped: the padded rows never mix with the real ones)."""
-    count = rows.shape[0]
-    padded = -(-count // row_multiple) * row_multiple
-    if padded != count:
-        rows = F.pad(rows, (0, 0, 0, padded - count))
-    return torch.matmul(rows, weight.t())[:count]
-
-
-def cuda_time_ms(fn: Callable[[], object], repeats: int = 5) -> float:
-    """Median GPU time of ``fn`` after one warm-up call (CUDA events; start-up only, it synchronises)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return statistics.median(samples)
+def lm_head_logits(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``rows [n, H] @ weight.T -> [n, V]`` as one product over all rows (``mm``: the weight read once)."""
+    return torch.mm(rows, weight.t())
 
 
 @dataclass
@@ -118,7 +88,6 @@ class DDTreeDraftHead:
         self.max_bs = int(max_bs)
         self.tp_group = tp_group
         self.certain_top1 = certain_top1
-        self.row_multiples: dict[int, int] = {}  # batch size -> its fastest row padding (choose_row_padding)
         # Only the outputs need fixed addresses (the worker reads them after a replay); intermediates allocated
         # during capture live in the graph's memory pool.
         self._buffers = self._allocate(max(self.max_bs, 1), lm_head_weight.device)
@@ -134,25 +103,6 @@ class DDTreeDraftHead:
             path_logprob=torch.empty(nodes, dtype=torch.float32, device=device),
         )
 
-    def choose_row_padding(self, batch_sizes: Iterable[int], time_ms: Callable[[Callable[[], object]], float]
-                           = cuda_time_ms) -> dict[int, int]:  # fmt: skip
-        """Times the LM-head product at each of ``batch_sizes`` with each of :data:`ROW_PADDINGS` and keeps the
-        fastest (the first of equals); a batch size between two timed ones uses the smaller's choice. Called once
-        at start-up, before the draft graphs are captured."""
-        weight = self.weight[: self.vocab_count]
-        for bs in sorted(set(batch_sizes)):
-            rows = torch.randn(bs * (self.block_size - 1), weight.shape[1], dtype=weight.dtype, device=weight.device)
-            times = {m: time_ms(lambda m=m: lm_head_logits(rows, weight, m)) for m in ROW_PADDINGS}
-            self.row_multiples[bs] = min(times, key=times.get)
-            logger.info("DDTREE draft head, batch %d: LM-head rows padded to a multiple of %d (%s)", bs,
-                        self.row_multiples[bs], ", ".join(f"{m}: {ms:.3f} ms" for m, ms in times.items()))  # fmt: skip
-        return self.row_multiples
-
-    def row_multiple(self, bs: int) -> int:
-        """The row padding of a ``bs``-request batch: the choice of the largest timed batch size up to it."""
-        timed = [size for size in self.row_multiples if size <= bs]
-        return self.row_multiples[max(timed)] if timed else 1
-
     def tree(self, bs: int) -> DraftTree:
         """The buffers of a ``bs``-request batch (valid after the head ran for it: graph replay or call)."""
         return DraftTree(**{name: buffer[:bs] for name, buffer in vars(self._buffers).items()})
@@ -163,7 +113,7 @@ class DDTreeDraftHead:
         bs = hidden_states.shape[0] // self.block_size
         drafted = self.block_size - 1
         rows = hidden_states.view(bs, self.block_size, -1)[:, 1:, :].reshape(bs * drafted, -1)
-        logits = lm_head_logits(rows.to(self.weight.dtype), self.weight[: self.vocab_count], self.row_multiple(bs))
+        logits = lm_head_logits(rows.to(self.weight.dtype), self.weight[: self.vocab_count])
         logits = logits.view(bs, drafted, -1)
         out = self.tree(bs) if bs <= self.max_bs else self._allocate(bs, hidden_states.device)
         if self.tp_group is None:

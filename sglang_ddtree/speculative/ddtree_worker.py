@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from sglang.kernels.ops.speculative.dflash import _prepare_dflash_draft_block_unchecked
@@ -86,9 +86,6 @@ from sglang_ddtree.tree.tree_ops import DDTreeTensors, ddtree_from_expansion, ro
 
 logger = logging.getLogger(__name__)
 
-# Without CUDA graphs the head runs every batch eagerly: its row padding is timed at these batch sizes.
-_EAGER_HEAD_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-
 
 def _lm_head_vocab_shard(lm_head) -> Optional[tuple[int, int]]:
     """``(first token id, token count)`` of this rank's LM-head rows under tensor parallelism, else None."""
@@ -130,11 +127,9 @@ class DDTreeWorker(DFlashWorkerV2):
         self._check_tp_trees = tp_tree_check_requested()
         self._simulating = simulated_acceptance_mean() > 0
         self._lean_verify = lean_verify_requested()
-        self._cuda_graphs = not server_args.disable_cuda_graph
         # Eager until init_cuda_graphs replaces it with a head sized for the captured batches.
-        self._draft_head = self._make_draft_head(
-            max_bs=0, batch_sizes=() if self._cuda_graphs else _EAGER_HEAD_BATCH_SIZES
-        )
+        self._draft_head = self._make_draft_head(max_bs=0)
+        self._cuda_graphs = not server_args.disable_cuda_graph
         # Decided in init_attention_backends, once the target's backends exist.
         self._plans_from_host_lengths = False
         self._draft_plans_from_host_lengths = False
@@ -188,25 +183,17 @@ class DDTreeWorker(DFlashWorkerV2):
     def _maybe_build_draft_sampler(self) -> DDTreeDraftHead:
         """Called before the draft graphs are captured: DFlash folds the returned callable into their tail
         (a greedy argmax upstream); DDTree folds its head, with output buffers for the largest graph."""
-        captured = get_exec().graph.cuda_graph_config.decode.bs
-        self._draft_head = self._make_draft_head(max_bs=max(captured), batch_sizes=captured)
+        self._draft_head = self._make_draft_head(max_bs=max(get_exec().graph.cuda_graph_config.decode.bs))
         return self._draft_head
 
-    def _make_draft_head(self, max_bs: int, batch_sizes: Sequence[int]) -> DDTreeDraftHead:
-        """The head, its LM-head row padding timed at ``batch_sizes`` on a GPU (``choose_row_padding``)."""
+    def _make_draft_head(self, max_bs: int) -> DDTreeDraftHead:
         lm_head = self.target_worker.model_runner.model.lm_head
         vocab_start, vocab_count = self._lm_head_shard or (0, self.vocab_size)
-        head = DDTreeDraftHead(
+        return DDTreeDraftHead(
             lm_head.weight, vocab_count, vocab_start, int(self.block_size), self.budget,
             topk=self.candidates_per_depth, max_bs=max_bs,
             tp_group=get_tp_group() if self._lm_head_shard is not None else None, certain_top1=self._simulating,
         )  # fmt: skip
-        if lm_head.weight.is_cuda and batch_sizes:
-            head.choose_row_padding(batch_sizes)
-            # The timed products' logits (up to [max_bs * (block - 1), V]) go back to the driver: the draft graphs
-            # about to be captured allocate from a private pool that cached blocks could not serve.
-            torch.cuda.empty_cache()
-        return head
 
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
