@@ -283,13 +283,18 @@ def auto_budget_markdown(cells: Sequence[dict]) -> str:
     """The widths ``ddtree auto`` verified per cell, and the step times it measured, or nothing."""
     if not cells:
         return ""
-    lines = ["", "`ddtree auto`: decode steps per verify width (share of the cell's steps) and the step ms it measured "
-             "per batch-size bucket:", "", "| T | conc. | steps per width | measured ms per width |", "|--:|--:|:--|:--|"]
+    lines = ["", "`ddtree auto`: decode steps per verify width (share of the cell's steps), the verify graph replays per "
+             "width (a step of a width without a replay verified eagerly; – where the server did not report them) and "
+             "the step ms it measured per batch-size bucket:", "",
+             "| T | conc. | steps per width | graph replays per width | measured ms per width |",
+             "|--:|--:|:--|:--|:--|"]  # fmt: skip
     for cell in cells:
         total = sum(cell["steps"]) or 1
         steps = ", ".join(f"{w}: {n} ({n / total:.0%})" for w, n in zip(cell["widths"], cell["steps"]) if n)
+        replays = cell.get("graph_replays")
+        replayed = ", ".join(f"{w}: {n}" for w, n in replays.items() if n) or "none" if replays is not None else "–"
         measured = "; ".join(f"bs<={b}: {row}" for b, row in (cell.get("measured_step_ms") or {}).items())
-        lines.append(f"| {cell['temperature']:g} | {cell['concurrency']} | {steps} | {measured} |")
+        lines.append(f"| {cell['temperature']:g} | {cell['concurrency']} | {steps} | {replayed} | {measured} |")
     return "\n".join(lines) + "\n"
 
 
@@ -651,12 +656,17 @@ def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, 
 
 
 def auto_budget_cell(url: str, temperature: float, concurrency: int, before: dict) -> dict:
-    """The widths ``--budget auto`` verified in one cell (steps per width, warm-up excluded) and the step times it
-    had measured by its end."""
+    """The widths ``--budget auto`` verified in one cell (steps per width, warm-up excluded), how many of those
+    verifies replayed their width's graphs (where the server captured per-width graphs) and the step times it had
+    measured by its end."""
     after = server_state(url, "ddtree_budget_auto")
-    return {"temperature": temperature, "concurrency": concurrency, "widths": after["widths"],
+    cell = {"temperature": temperature, "concurrency": concurrency, "widths": after["widths"],
             "steps": [a - b for a, b in zip(after["steps"], before["steps"])],
             "measured_step_ms": after.get("measured_step_ms")}  # fmt: skip
+    if "graph_replays" in after:
+        cell["graph_replays"] = {str(w): a - b for w, a, b in zip(after["graph_widths"], after["graph_replays"],
+                                                                  before["graph_replays"])}  # fmt: skip
+    return cell
 
 
 def previous_auto_budget_cells(out: Path) -> list[dict]:

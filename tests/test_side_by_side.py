@@ -386,5 +386,19 @@ def test_the_auto_budget_widths_of_each_cell_are_reported_as_a_histogram():
     cells = [{"temperature": 0.0, "concurrency": 8, "widths": [1, 2, 33], "steps": [30, 0, 10],
               "measured_step_ms": {"8": [1.5, 1.6, 4.0]}}]  # fmt: skip
     text = side_by_side.auto_budget_markdown(cells)
-    assert "| 0 | 8 | 1: 30 (75%), 33: 10 (25%) | bs<=8: [1.5, 1.6, 4.0] |" in text
+    assert "| 0 | 8 | 1: 30 (75%), 33: 10 (25%) | – | bs<=8: [1.5, 1.6, 4.0] |" in text
     assert side_by_side.auto_budget_markdown([]) == ""
+
+
+def test_an_auto_cell_reports_how_many_of_its_verifies_replayed_their_widths_graphs(monkeypatch):
+    """Run 91's auto server stepped in 80.4 ms where its own table priced the widths it chose at 35-67: whether
+    the narrower widths replayed their graphs in the cell (or verified eagerly) is the first thing to read."""
+    before = {"widths": [1, 8, 16, 33], "steps": [5, 0, 0, 2], "graph_widths": [1, 8, 16, 33],
+              "graph_replays": [5, 0, 0, 2]}  # fmt: skip
+    after = {"widths": [1, 8, 16, 33], "steps": [5, 16, 38, 16], "graph_widths": [1, 8, 16, 33],
+             "graph_replays": [5, 16, 0, 16], "measured_step_ms": {"16": [28.1, 35.0, 39.4, 67.0]}}  # fmt: skip
+    monkeypatch.setattr(side_by_side, "server_state", lambda url, key: after)
+    cell = side_by_side.auto_budget_cell("http://server", 0.0, 16, before)
+    assert cell["steps"] == [0, 16, 38, 14] and cell["graph_replays"] == {"1": 0, "8": 16, "16": 0, "33": 14}
+    assert "| 0 | 16 | 8: 16 (24%), 16: 38 (56%), 33: 14 (21%) | 8: 16, 33: 14 | bs<=16:" in (
+        side_by_side.auto_budget_markdown([cell]))
