@@ -55,7 +55,13 @@ from typing import Collection, Optional, Sequence
 
 from bench.provenance import checkout_commit, refuse_another_cards_report
 from sglang_ddtree.cli import OneLineArgumentParser, int_list
-from sglang_ddtree.profiling.ddtree_step_profile import PHASES, PROFILE_STEPS_ENV, phase_means, server_step_profile
+from sglang_ddtree.profiling.ddtree_step_profile import (
+    PHASES,
+    PROFILE_STEPS_ENV,
+    phase_means,
+    phase_means_by_width,
+    server_step_profile,
+)
 from sglang_ddtree.serving import launched_server, server_state
 
 ALGORITHMS = ("ar", "mtp", "dflash", "ddtree")
@@ -299,17 +305,24 @@ def auto_budget_markdown(cells: Sequence[dict]) -> str:
 
 
 def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
-    """The DDTree decode step split into its phases per cell (``--profile-steps``), or nothing."""
+    """The DDTree decode step split into its phases per cell (``--profile-steps``), or nothing; a cell that
+    verified at several widths (``--budget auto``) gets a row per width under its own."""
     if not step_profiles:
         return ""
     lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; "
-             "`sglang_ddtree.profiling.ddtree_step_profile`):", "",
-             "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step |",
+             "`sglang_ddtree.profiling.ddtree_step_profile`; `· width N`: the cell's steps that verified N nodes):",
+             "", "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step |",
              "|:--|:--|--:|--:|--:|" + "--:|" * (len(PHASES) + 1)]  # fmt: skip
     for p in step_profiles:
-        phases = [p["phase_ms"][phase] for phase in PHASES]
-        lines.append(f"| {p['config']} | {','.join(p['datasets'])} | {p['temperature']:g} | {p['concurrency']} | "
-                     f"{p['steps']} | " + " | ".join(f"{ms:.3f}" for ms in phases) + f" | {sum(phases):.3f} |")  # fmt: skip
+        rows = [(p["config"], p["steps"], p["phase_ms"])]
+        by_width = p.get("phase_ms_by_width") or {}
+        if len(by_width) > 1:
+            rows += [(f"{p['config']} · width {w}", cell["steps"], cell["phase_ms"])
+                     for w, cell in sorted(by_width.items(), key=lambda item: int(item[0]))]  # fmt: skip
+        for config, steps, phase_ms in rows:
+            phases = [phase_ms[phase] for phase in PHASES]
+            lines.append(f"| {config} | {','.join(p['datasets'])} | {p['temperature']:g} | {p['concurrency']} | "
+                         f"{steps} | " + " | ".join(f"{ms:.3f}" for ms in phases) + f" | {sum(phases):.3f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -639,7 +652,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         after = server_step_profile(url)
                         step_profiles.append({"config": config, "datasets": args.datasets, "temperature": temperature,
                                               "concurrency": concurrency, "steps": after["steps"] - before["steps"],
-                                              "phase_ms": phase_means(before, after)})  # fmt: skip
+                                              "phase_ms": phase_means(before, after),
+                                              "phase_ms_by_width": phase_means_by_width(before, after)})  # fmt: skip
                     progress.update(len(cell_prompts[concurrency]))
             # After every configuration, so that a run cut short (or resumed later) keeps what it measured.
             write_report(out, meta, records, ar_top2, step_profiles)

@@ -262,6 +262,41 @@ def test_ddtree_step_phases_are_reported_per_cell(tmp_path):
     assert args.profile_steps
 
 
+def test_an_auto_cells_step_phases_are_split_by_verify_width(monkeypatch):
+    """Run 91's auto cell stepped in 80.4 ms on average over widths 8, 16 and 33: the profile keeps each width's
+    phases (the server's totals per width, differenced over the cell), so a slow width shows as itself."""
+    from sglang_ddtree.profiling import ddtree_step_profile
+    from sglang_ddtree.profiling.ddtree_step_profile import PHASES, StepProfile, phase_means_by_width
+
+    monkeypatch.setenv(ddtree_step_profile.PROFILE_STEPS_ENV, "1")
+    profile = StepProfile()
+
+    def step(width: int, phase_ms: list[float]) -> None:
+        timer = profile.start("cpu")
+        timer.marks = [0.0] + [sum(phase_ms[: i + 1]) / 1e3 for i in range(len(PHASES))]  # host-clock marks, s
+        profile.finish(timer, width)
+
+    step(16, [5.0, 0.0, 1.0, 30.0, 0.5])
+    before = profile.as_dict()
+    step(16, [5.0, 0.0, 1.0, 34.0, 0.5])
+    step(8, [5.0, 0.0, 7.0, 70.0, 0.5])
+    step(16, [5.0, 0.0, 1.0, 36.0, 0.5])
+    after = profile.as_dict()
+    assert after["steps"] == 4 and {w: c["steps"] for w, c in after["by_width"].items()} == {"8": 1, "16": 3}
+    cells = phase_means_by_width(before, after)
+    assert {w: c["steps"] for w, c in cells.items()} == {"8": 1, "16": 2}
+    assert cells["16"]["phase_ms"]["verify"] == pytest.approx(35.0)
+    assert cells["8"]["phase_ms"]["verify_tensors"] == pytest.approx(7.0)
+
+    row = {"config": "ddtree auto", "datasets": ["random"], "temperature": 0.0, "concurrency": 16, "steps": 3,
+           "phase_ms": ddtree_step_profile.phase_means(before, after), "phase_ms_by_width": cells}  # fmt: skip
+    text = side_by_side.step_profile_markdown([row])
+    assert "| ddtree auto · width 8 | random | 0 | 16 | 1 | 5.000 | 0.000 | 7.000 | 70.000 | 0.500 | 82.500 |" in text
+    assert text.index("· width 8 |") < text.index("· width 16 |")
+    single = {**row, "phase_ms_by_width": {"16": cells["16"]}}
+    assert "· width" not in side_by_side.step_profile_markdown([single]).split("\n", 3)[-1]  # one width: no split
+
+
 def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_it_is_measured(tmp_path, monkeypatch):
     """One-time costs of a batch shape (a first concurrency-8 cell once took 1.08 s to its first token) fall in
     an unmeasured warm-up of that shape; every cell then starts from a flushed prefix cache."""

@@ -5,7 +5,8 @@ are read only once its last one has completed (``Event.query``, one step or more
 no host synchronisation; the per-phase means land in ``/server_info`` as ``ddtree_step_profile``. GPU time
 between two events includes the GPU waiting for the host to launch the next kernels: that wait is what an
 eager, launch-bound phase costs, and what a CUDA graph would remove. On the CPU engine the work is synchronous
-and the host clock times it.
+and the host clock times it. Under ``--budget auto`` the totals are also kept per verify width (``by_width``): a
+mean over mixed widths cannot say which width's verify cost what.
 """
 
 from __future__ import annotations
@@ -68,33 +69,43 @@ NO_TIMER = _NoTimer()
 
 
 class StepProfile:
-    """Per-phase time summed over the profiled decode steps."""
+    """Per-phase time summed over the profiled decode steps, in all and per verify width."""
 
     def __init__(self) -> None:
         self.enabled = step_profile_requested()
         self.steps = 0
         self.total_ms = dict.fromkeys(PHASES, 0.0)
-        self._pending: deque[StepTimer] = deque()
+        self.steps_by_width: dict[int, int] = {}
+        self.total_ms_by_width: dict[int, dict[str, float]] = {}
+        self._pending: deque[tuple[StepTimer, int]] = deque()
 
     def start(self, device: str) -> StepTimer | _NoTimer:
         return StepTimer(device) if self.enabled else NO_TIMER
 
-    def finish(self, timer: StepTimer | _NoTimer) -> None:
+    def finish(self, timer: StepTimer | _NoTimer, width: int) -> None:
+        """``width``: the step's verify width (nodes per request)."""
         if not isinstance(timer, StepTimer):
             return
         if len(timer.marks) != len(PHASES) + 1:
             raise RuntimeError(f"a profiled step marked {len(timer.marks) - 1} phases, expected {len(PHASES)}")
-        self._pending.append(timer)
-        while self._pending and self._pending[0].done():
-            for phase, ms in zip(PHASES, self._pending.popleft().phase_ms()):
+        self._pending.append((timer, width))
+        while self._pending and self._pending[0][0].done():
+            done, step_width = self._pending.popleft()
+            by_width = self.total_ms_by_width.setdefault(step_width, dict.fromkeys(PHASES, 0.0))
+            for phase, ms in zip(PHASES, done.phase_ms()):
                 self.total_ms[phase] += ms
+                by_width[phase] += ms
             self.steps += 1
+            self.steps_by_width[step_width] = self.steps_by_width.get(step_width, 0) + 1
 
     def as_dict(self) -> dict:
         mean = {phase: round(ms / self.steps, 4) if self.steps else None for phase, ms in self.total_ms.items()}
         step = round(sum(self.total_ms.values()) / self.steps, 4) if self.steps else None
         total = {phase: round(ms, 4) for phase, ms in self.total_ms.items()}
-        return {"steps": self.steps, "mean_ms": mean, "step_mean_ms": step, "total_ms": total}
+        by_width = {str(w): {"steps": self.steps_by_width[w],
+                             "total_ms": {phase: round(ms, 4) for phase, ms in self.total_ms_by_width[w].items()}}
+                    for w in sorted(self.steps_by_width)}  # fmt: skip
+        return {"steps": self.steps, "mean_ms": mean, "step_mean_ms": step, "total_ms": total, "by_width": by_width}
 
 
 STEP_PROFILE = StepProfile()
@@ -115,3 +126,17 @@ def phase_means(before: dict, after: dict) -> dict[str, float]:
     """Mean ms per step of each phase over the steps profiled between two snapshots of :meth:`StepProfile.as_dict`."""
     steps = max(1, after["steps"] - before["steps"])
     return {p: (after["total_ms"][p] - before["total_ms"][p]) / steps for p in PHASES}
+
+
+def phase_means_by_width(before: dict, after: dict) -> dict[str, dict]:
+    """Per verify width: the steps profiled between two snapshots and their mean ms per phase (widths with
+    steps only)."""
+    zero = {"steps": 0, "total_ms": dict.fromkeys(PHASES, 0.0)}
+    result = {}
+    for width, now in after.get("by_width", {}).items():
+        then = before.get("by_width", {}).get(width, zero)
+        steps = now["steps"] - then["steps"]
+        if steps:
+            result[width] = {"steps": steps, "phase_ms": {p: (now["total_ms"][p] - then["total_ms"][p]) / steps
+                                                          for p in PHASES}}  # fmt: skip
+    return result

@@ -250,7 +250,7 @@ class DDTreeWorker(DFlashWorkerV2):
         with traced_range("_append_committed_to_draft_kv"):
             self._append_committed_to_draft_kv(batch, prefix_lens, result, width, committed_hidden)
         timer.mark()
-        STEP_PROFILE.finish(timer)
+        STEP_PROFILE.finish(timer, width)
         self._publish_read_done()
         result.logits_output.hidden_states = None  # not copied to the host under overlap scheduling
         result.next_draft_input = make_draft_input_v2(
