@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     parser.add_argument(
         "--budget",
-        help=f"ddtree: tree nodes per request, root excluded, or 'auto' (the default; {DDTREE_DEFAULT_BUDGET} on a "
+        help=f"ddtree: tree nodes per request, root excluded, or 'auto' (the default; {HYBRID_DEFAULT_BUDGET} on a "
         f"hybrid GDN target): each step verifies the prefix of a {AUTO_BUDGET_TREE}-node tree that commits the most "
         "tokens per second, step times measured by the server on its first steps at each batch size",
     )
@@ -209,15 +209,23 @@ def _ddtree_flags(request: LaunchRequest, target_config: dict) -> list[str]:
     ]  # fmt: skip
 
 
+# The fixed budget on hybrid targets: at Qwen3.6-27B's shape (simulated acceptance, B = 16 at tau 4.06 and B = 32 at
+# 4.39: the user's DFlash tau times the demo pair's tree/chain ratio) B = 16 served more than B = 32 at every
+# concurrency measured, in output tok/s: 169.8 / 486.3 / 668.3 against 152.1 / 418.8 / 525.1 at 1 / 4 / 8 requests (H200, run
+# 63), 976.1 against 760.1 at 16 (H100, runs 88 and 91): a step of 17 nodes costs 0.62-0.83x one of 33 there, and
+# the wider tree's acceptance gain (assumed 8%) does not pay for it.
+HYBRID_DEFAULT_BUDGET = 16
+
+
 def with_default_budget(request: LaunchRequest, model_path: str) -> LaunchRequest:
-    """``--algo ddtree`` without ``--budget``: ``auto`` on a dense target; on a hybrid (GDN) target the fixed
-    default. ``auto`` is lossless there (the hybrid GPU suite, per-width verify graphs included: RESULTS run 85) but
-    has not been measured at a large hybrid target's shape with those graphs (runs 83-84 priced its narrow widths
-    eagerly and it lost), and each width's graphs add a GDN attention backend whose memory there is unmeasured."""
+    """``--algo ddtree`` without ``--budget``: ``auto`` on a dense target, :data:`HYBRID_DEFAULT_BUDGET` on a
+    hybrid (GDN) target. ``auto`` is lossless there (the hybrid GPU suite, per-width verify graphs included: RESULTS
+    run 85) but lost at Qwen3.6-27B's shape (run 91: 543.7 output tok/s at 16 requests against 760.1 for B = 32 and
+    976.1 for B = 16 in run 88; its served steps cost twice what its own table priced)."""
     if request.algo != "ddtree" or request.budget is not None:
         return request
     hybrid = hybrid_targets.is_hybrid_gdn(model_configs.load_config(model_path))
-    return replace(request, budget=DDTREE_DEFAULT_BUDGET if hybrid else "auto")
+    return replace(request, budget=HYBRID_DEFAULT_BUDGET if hybrid else "auto")
 
 
 def _ddtree_budget(request: LaunchRequest) -> int | str:
