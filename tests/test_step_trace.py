@@ -2,9 +2,11 @@
 functions, the worker's phases, host syncs, launches and GPU busy/idle time; the bench reports it per cell."""
 
 import gzip
+import importlib
 import json
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -268,6 +270,50 @@ def test_a_traced_ar_step_on_the_cpu_engine_is_split_into_sglangs_scheduler_func
     text = step_profile.markdown({"meta": {"date": "d", "commit": "c", "gpu": "g", "model_path": "m",
                                            "max_new_tokens": 12}, "cells": [cell]})  # fmt: skip
     assert f"| ar | 1 | benchmark | {host['iterations']} | " in text and "target_forward" in text
+
+
+def test_run_batchs_range_opens_after_sglangs_profiler_step_so_no_range_spans_two_profilers(monkeypatch):
+    """``profile_by_stage`` stops one torch profiler and starts the next inside ``run_batch`` (its first call, the
+    profiler step): a ``spec.run_batch`` range entered before it and left after it corrupted the CPU engine's heap
+    (the traced test above aborted). The range opens after the step and closes when run_batch returns; the host
+    time still covers the whole call."""
+    import contextlib
+
+    from sglang.srt.utils import nvtx_utils
+
+    from sglang_ddtree.profiling import ddtree_trace_ranges as ranges
+
+    events = []
+
+    @contextlib.contextmanager
+    def recorded_range(name, **kwargs):
+        events.append(f"enter {name}")
+        yield
+        events.append(f"exit {name}")
+
+    monkeypatch.setattr(nvtx_utils, "profile_range", recorded_range)
+    monkeypatch.setattr(ranges.HOST_RANGES, "add", lambda name, seconds: events.append(f"host time {name}"))
+
+    def run_batch(batch):
+        events.append("profiler step: one profiler stops, the next starts")
+        ranges._open_after_profiler_step(None, "profiler manager", batch)
+        events.append("forward")
+        return "result"
+
+    assert ranges._timed_after_profiler_step("run_batch")(run_batch, "batch") == "result"
+    assert events == ["profiler step: one profiler stops, the next starts", "enter spec.run_batch", "forward",
+                      "exit spec.run_batch", "host time run_batch"]  # fmt: skip
+    events.clear()
+    ranges._open_after_profiler_step(None, "profiler manager", "batch")  # a profiler step outside run_batch
+    assert events == [] and ranges._AFTER_PROFILER_STEP == []
+
+    registered = []
+    monkeypatch.setenv(ranges.TRACE_RANGES_ENV, "1")
+    ranges.register(SimpleNamespace(register=lambda target, hook, kind: registered.append((target, kind))),
+                    SimpleNamespace(AFTER="after", AROUND="around"))  # fmt: skip
+    assert (ranges._PROFILER_STEP, "after") in registered
+    module, cls, method = ranges._PROFILER_STEP.rsplit(".", 2)
+    assert hasattr(getattr(importlib.import_module(module), cls), method)  # in the pinned SGLang
 
 
 def test_reports_name_the_commit_the_caller_gives_over_what_git_says(monkeypatch):

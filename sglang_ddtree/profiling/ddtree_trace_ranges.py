@@ -16,6 +16,12 @@ to reach the host: it is where a GPU-bound loop waits, so a short one means the 
 Nested names overlap (``target_forward`` contains ``graph_execute``). Off by default: each hooked call costs
 ~1 µs of Python.
 
+``run_batch``'s range opens only after SGLang's profiler step (``SchedulerProfilerManager.
+_profile_batch_predicate``, the first thing ``run_batch`` does), where ``/start_profile`` with ``profile_by_stage``
+stops one torch profiler and starts the next: a ``record_function`` range entered under one profiler and left
+under the next corrupted the CPU engine's heap (``free(): invalid next size``, the scheduler aborted) whenever the
+allocator's layout let it show.
+
 ``SGLANG_DDTREE_SYNC_DEBUG=1`` also turns on torch's CUDA synchronisation debug mode (``warn``) at the first
 decode batch: every synchronising call of the decode loop is logged once per source line, with its stack.
 """
@@ -34,6 +40,8 @@ SYNC_DEBUG_ENV = "SGLANG_DDTREE_SYNC_DEBUG"
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _SPEC = "sglang.srt.speculative"
 _GRAPH_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+_PROFILER_STEP = ("sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager."
+                  "_profile_batch_predicate")
 SCHEDULER_FUNCTIONS = ("process_input_requests", "get_next_batch_to_run", "run_batch", "process_batch_result",
                        "launch_batch_sample_if_needed")  # fmt: skip
 TRACED_FUNCTIONS = {  # range name -> SGLang 0.5.17 function
@@ -125,6 +133,36 @@ def _timed(name: str) -> Callable[..., Any]:
     return around
 
 
+# Ranges of run_batch calls in progress whose profiler range waits for the profiler step (innermost last).
+_AFTER_PROFILER_STEP: list[contextlib.ExitStack] = []
+
+
+def _timed_after_profiler_step(name: str) -> Callable[..., Any]:
+    """Like :func:`_timed`, but the profiler range opens in :func:`_open_after_profiler_step`."""
+
+    def around(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        ranges = contextlib.ExitStack()
+        _AFTER_PROFILER_STEP.append(ranges)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _AFTER_PROFILER_STEP.pop()
+            ranges.close()
+            HOST_RANGES.add(name, time.perf_counter() - start)
+
+    return around
+
+
+def _open_after_profiler_step(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER SGLang's profiler step: open the ``spec.run_batch`` range of the run_batch call that made it."""
+    from sglang.srt.utils.nvtx_utils import profile_range
+
+    if _AFTER_PROFILER_STEP:
+        _AFTER_PROFILER_STEP[-1].enter_context(profile_range("spec.run_batch"))
+    return result
+
+
 def _debug_syncs_from_the_first_decode(original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any,
                                        **kwargs: Any) -> Any:  # fmt: skip
     import torch
@@ -138,6 +176,8 @@ def register(registry: Any, hook_type: Any) -> None:
     """The hooks the environment asks for (none by default)."""
     if trace_ranges_requested():
         for name, target in TRACED_FUNCTIONS.items():
-            registry.register(target, _timed(name), hook_type.AROUND)
+            timed = _timed_after_profiler_step(name) if name == "run_batch" else _timed(name)
+            registry.register(target, timed, hook_type.AROUND)
+        registry.register(_PROFILER_STEP, _open_after_profiler_step, hook_type.AFTER)
     if env_flag(SYNC_DEBUG_ENV):
         registry.register(f"{_SCHEDULER}.run_batch", _debug_syncs_from_the_first_decode, hook_type.AROUND)
