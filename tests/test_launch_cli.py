@@ -387,7 +387,7 @@ def hybrid(tmp_path_factory):
 def test_ddtree_on_a_hybrid_target_keeps_gdn_states_in_the_prefix_cache_with_overlap(hybrid):
     argv = dry_run_argv("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path", hybrid["drafter"])
     assert flag(argv, "--mamba-radix-cache-strategy") == "extra_buffer"
-    assert flag(argv, "--speculative-num-draft-tokens") == "33"
+    assert flag(argv, "--speculative-num-draft-tokens") == "17"  # the hybrid default budget, 16
     no_radix = dry_run_argv("--algo", "ddtree", "--model-path", hybrid["target"], "--draft-model-path",
                             hybrid["drafter"], "--disable-radix-cache")  # fmt: skip
     assert "--mamba-radix-cache-strategy" not in no_radix
