@@ -316,6 +316,30 @@ def test_run_batchs_range_opens_after_sglangs_profiler_step_so_no_range_spans_tw
     assert hasattr(getattr(importlib.import_module(module), cls), method)  # in the pinned SGLang
 
 
+def test_the_decode_trace_starts_one_decode_batch_after_the_one_that_ends_the_prefill_trace():
+    """By stage, SGLang stops the prefill trace and starts the decode trace inside one ``run_batch``, whose own
+    profiler range then ends under the new profiler (the traced AR test's scheduler aborted on a corrupted heap):
+    that batch only stops the prefill trace; every other profiler step is SGLang's."""
+    from sglang_ddtree.profiling import ddtree_trace_ranges as ranges
+
+    calls = []
+    manager = SimpleNamespace(profile_by_stage=True, profiler_decode_ct=0, profile_in_progress=True,
+                              _stop_profile=lambda stage: calls.append(f"stop {stage.name}"))  # fmt: skip
+    decode, prefill = (SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda d=d: d)) for d in (True, False))
+    step = ranges._start_the_decode_trace_outside_the_run_batch_that_ends_the_prefill_trace
+
+    def sglangs_step(manager, batch):
+        calls.append("sglang's step")
+
+    step(sglangs_step, manager, decode)
+    assert calls == ["stop EXTEND"]
+    manager.profile_in_progress = False  # the next decode batch: SGLang starts the decode trace
+    for batch in (decode, prefill):
+        calls.clear()
+        step(sglangs_step, manager, batch)
+        assert calls == ["sglang's step"]
+
+
 def test_reports_name_the_commit_the_caller_gives_over_what_git_says(monkeypatch):
     """The GPU machine's copy of .git can name an older commit than the tree it runs."""
     from bench.provenance import COMMIT_ENV, checkout_commit

@@ -163,6 +163,23 @@ def _open_after_profiler_step(result: Any, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+def _start_the_decode_trace_outside_the_run_batch_that_ends_the_prefill_trace(
+    original: Callable[..., Any], manager: Any, batch: Any, *args: Any, **kwargs: Any
+) -> Any:
+    """AROUND SGLang's profiler step: with ``profile_by_stage``, the first decode batch stops the prefill trace and
+    starts the decode trace inside one ``run_batch``, whose own profiler range (SGLang's ``profile_method``) then
+    ends under another profiler than it began in; the CPU engine's scheduler aborted on a corrupted heap. Here that
+    batch only stops the prefill trace, and the decode trace starts at the next decode batch, whose ``run_batch``
+    began with no profiler running."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    if (getattr(manager, "profile_by_stage", False) and batch is not None and batch.forward_mode.is_decode()
+            and manager.profiler_decode_ct == 0 and manager.profile_in_progress):  # fmt: skip
+        manager._stop_profile(stage=ForwardMode.EXTEND)
+        return None
+    return original(manager, batch, *args, **kwargs)
+
+
 def _debug_syncs_from_the_first_decode(original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any,
                                        **kwargs: Any) -> Any:  # fmt: skip
     import torch
@@ -179,5 +196,7 @@ def register(registry: Any, hook_type: Any) -> None:
             timed = _timed_after_profiler_step(name) if name == "run_batch" else _timed(name)
             registry.register(target, timed, hook_type.AROUND)
         registry.register(_PROFILER_STEP, _open_after_profiler_step, hook_type.AFTER)
+        registry.register(_PROFILER_STEP, _start_the_decode_trace_outside_the_run_batch_that_ends_the_prefill_trace,
+                          hook_type.AROUND)  # fmt: skip
     if env_flag(SYNC_DEBUG_ENV):
         registry.register(f"{_SCHEDULER}.run_batch", _debug_syncs_from_the_first_decode, hook_type.AROUND)
