@@ -61,6 +61,7 @@ from sglang_ddtree.profiling.ddtree_step_profile import (
     phase_means,
     phase_means_by_width,
     server_step_profile,
+    step_ms_spread,
 )
 from sglang_ddtree.serving import launched_server, server_state
 
@@ -306,23 +307,27 @@ def auto_budget_markdown(cells: Sequence[dict]) -> str:
 
 def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
     """The DDTree decode step split into its phases per cell (``--profile-steps``), or nothing; a cell that
-    verified at several widths (``--budget auto``) gets a row per width under its own."""
+    verified at several widths (``--budget auto``) gets a row per width under its own. Beside the mean step, the
+    median and slowest step of the row (– in a report from before the server kept steps one by one)."""
     if not step_profiles:
         return ""
     lines = ["", "DDTree decode-step phases, GPU ms per step (CUDA events; "
-             "`sglang_ddtree.profiling.ddtree_step_profile`; `· width N`: the cell's steps that verified N nodes):",
-             "", "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step |",
-             "|:--|:--|--:|--:|--:|" + "--:|" * (len(PHASES) + 1)]  # fmt: skip
+             "`sglang_ddtree.profiling.ddtree_step_profile`; `· width N`: the cell's steps that verified N nodes; "
+             "step: the mean, then the median and the slowest step):",
+             "", "| config | datasets | T | conc. | steps | " + " | ".join(PHASES) + " | step | median | max |",
+             "|:--|:--|--:|--:|--:|" + "--:|" * (len(PHASES) + 3)]  # fmt: skip
     for p in step_profiles:
-        rows = [(p["config"], p["steps"], p["phase_ms"])]
+        spread = p.get("step_ms_spread") or {}
+        rows = [(p["config"], p["steps"], p["phase_ms"], spread.get("all"))]
         by_width = p.get("phase_ms_by_width") or {}
         if len(by_width) > 1:
-            rows += [(f"{p['config']} · width {w}", cell["steps"], cell["phase_ms"])
+            rows += [(f"{p['config']} · width {w}", cell["steps"], cell["phase_ms"], spread.get(w))
                      for w, cell in sorted(by_width.items(), key=lambda item: int(item[0]))]  # fmt: skip
-        for config, steps, phase_ms in rows:
+        for config, steps, phase_ms, kept in rows:
             phases = [phase_ms[phase] for phase in PHASES]
+            ends = f"{kept['median_ms']:.3f} | {kept['max_ms']:.3f}" if kept else "– | –"
             lines.append(f"| {config} | {','.join(p['datasets'])} | {p['temperature']:g} | {p['concurrency']} | "
-                         f"{steps} | " + " | ".join(f"{ms:.3f}" for ms in phases) + f" | {sum(phases):.3f} |")  # fmt: skip
+                         f"{steps} | " + " | ".join(f"{ms:.3f}" for ms in phases) + f" | {sum(phases):.3f} | {ends} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -653,7 +658,8 @@ def main(argv: Optional[list[str]] = None) -> None:
                         step_profiles.append({"config": config, "datasets": args.datasets, "temperature": temperature,
                                               "concurrency": concurrency, "steps": after["steps"] - before["steps"],
                                               "phase_ms": phase_means(before, after),
-                                              "phase_ms_by_width": phase_means_by_width(before, after)})  # fmt: skip
+                                              "phase_ms_by_width": phase_means_by_width(before, after),
+                                              "step_ms_spread": step_ms_spread(before, after)})  # fmt: skip
                     progress.update(len(cell_prompts[concurrency]))
             # After every configuration, so that a run cut short (or resumed later) keeps what it measured.
             write_report(out, meta, records, ar_top2, step_profiles)

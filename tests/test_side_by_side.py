@@ -264,9 +264,10 @@ def test_ddtree_step_phases_are_reported_per_cell(tmp_path):
 
 def test_an_auto_cells_step_phases_are_split_by_verify_width(monkeypatch):
     """Run 91's auto cell stepped in 80.4 ms on average over widths 8, 16 and 33: the profile keeps each width's
-    phases (the server's totals per width, differenced over the cell), so a slow width shows as itself."""
+    phases (the server's totals per width, differenced over the cell), so a slow width shows as itself, and each
+    row's median and slowest step, so one slow step shows as an outlier rather than as a slow width."""
     from sglang_ddtree.profiling import ddtree_step_profile
-    from sglang_ddtree.profiling.ddtree_step_profile import PHASES, StepProfile, phase_means_by_width
+    from sglang_ddtree.profiling.ddtree_step_profile import PHASES, StepProfile, phase_means_by_width, step_ms_spread
 
     monkeypatch.setenv(ddtree_step_profile.PROFILE_STEPS_ENV, "1")
     profile = StepProfile()
@@ -281,20 +282,49 @@ def test_an_auto_cells_step_phases_are_split_by_verify_width(monkeypatch):
     step(16, [5.0, 0.0, 1.0, 34.0, 0.5])
     step(8, [5.0, 0.0, 7.0, 70.0, 0.5])
     step(16, [5.0, 0.0, 1.0, 36.0, 0.5])
+    step(16, [5.0, 0.0, 1.0, 300.0, 0.5])  # one step 260 ms slower than the others
     after = profile.as_dict()
-    assert after["steps"] == 4 and {w: c["steps"] for w, c in after["by_width"].items()} == {"8": 1, "16": 3}
+    assert after["steps"] == 5 and {w: c["steps"] for w, c in after["by_width"].items()} == {"8": 1, "16": 4}
     cells = phase_means_by_width(before, after)
-    assert {w: c["steps"] for w, c in cells.items()} == {"8": 1, "16": 2}
-    assert cells["16"]["phase_ms"]["verify"] == pytest.approx(35.0)
+    assert {w: c["steps"] for w, c in cells.items()} == {"8": 1, "16": 3}
+    assert cells["16"]["phase_ms"]["verify"] == pytest.approx((34.0 + 36.0 + 300.0) / 3)
     assert cells["8"]["phase_ms"]["verify_tensors"] == pytest.approx(7.0)
+    spread = step_ms_spread(before, after)
+    assert spread["16"] == {"steps": 3, "median_ms": pytest.approx(42.5), "max_ms": pytest.approx(306.5)}
+    assert spread["all"]["steps"] == 4 and spread["all"]["median_ms"] == pytest.approx((42.5 + 82.5) / 2)
 
-    row = {"config": "ddtree auto", "datasets": ["random"], "temperature": 0.0, "concurrency": 16, "steps": 3,
-           "phase_ms": ddtree_step_profile.phase_means(before, after), "phase_ms_by_width": cells}  # fmt: skip
+    row = {"config": "ddtree auto", "datasets": ["random"], "temperature": 0.0, "concurrency": 16, "steps": 4,
+           "phase_ms": ddtree_step_profile.phase_means(before, after), "phase_ms_by_width": cells,
+           "step_ms_spread": spread}  # fmt: skip
     text = side_by_side.step_profile_markdown([row])
-    assert "| ddtree auto · width 8 | random | 0 | 16 | 1 | 5.000 | 0.000 | 7.000 | 70.000 | 0.500 | 82.500 |" in text
+    assert ("| ddtree auto · width 8 | random | 0 | 16 | 1 | 5.000 | 0.000 | 7.000 | 70.000 | 0.500 | 82.500 | "
+            "82.500 | 82.500 |") in text
+    assert "| ddtree auto · width 16 | random | 0 | 16 | 3 |" in text and "| 42.500 | 306.500 |" in text
     assert text.index("· width 8 |") < text.index("· width 16 |")
     single = {**row, "phase_ms_by_width": {"16": cells["16"]}}
     assert "· width" not in side_by_side.step_profile_markdown([single]).split("\n", 3)[-1]  # one width: no split
+    earlier = {key: value for key, value in row.items() if key != "step_ms_spread"}  # a report from before
+    assert "| 82.500 | – | – |" in side_by_side.step_profile_markdown([earlier])
+
+
+def test_the_step_profile_keeps_only_its_last_steps_one_by_one(monkeypatch):
+    """The steps kept one by one are bounded (the profile lands in every ``/server_info``); a spread over more
+    steps than were kept says over how many it was taken."""
+    from sglang_ddtree.profiling import ddtree_step_profile
+    from sglang_ddtree.profiling.ddtree_step_profile import PHASES, StepProfile, step_ms_spread
+
+    monkeypatch.setenv(ddtree_step_profile.PROFILE_STEPS_ENV, "1")
+    monkeypatch.setattr(ddtree_step_profile, "RECENT_STEPS", 3)
+    profile = StepProfile()
+    before = profile.as_dict()
+    for ms in (10.0, 20.0, 30.0, 40.0, 50.0):
+        timer = profile.start("cpu")
+        timer.marks = [0.0] * len(PHASES) + [ms / 1e3]
+        profile.finish(timer, 33)
+    after = profile.as_dict()
+    assert [entry[0] for entry in after["recent"]] == [2, 3, 4]
+    assert step_ms_spread(before, after)["all"] == {"steps": 3, "median_ms": pytest.approx(40.0),
+                                                    "max_ms": pytest.approx(50.0)}  # fmt: skip
 
 
 def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_it_is_measured(tmp_path, monkeypatch):

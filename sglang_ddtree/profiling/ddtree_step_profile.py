@@ -6,11 +6,14 @@ no host synchronisation; the per-phase means land in ``/server_info`` as ``ddtre
 between two events includes the GPU waiting for the host to launch the next kernels: that wait is what an
 eager, launch-bound phase costs, and what a CUDA graph would remove. On the CPU engine the work is synchronous
 and the host clock times it. Under ``--budget auto`` the totals are also kept per verify width (``by_width``): a
-mean over mixed widths cannot say which width's verify cost what.
+mean over mixed widths cannot say which width's verify cost what. The last ``RECENT_STEPS`` steps are kept one by
+one (``recent``): a served cell has a few dozen steps, where one slow step (a first use of a shape, a compile) moves
+the mean by milliseconds; their median and maximum say whether it did.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from typing import Optional
@@ -27,6 +30,7 @@ PHASES = (
     "verify",  # target forward over the tree (CUDA graph when captured), acceptance, KV compaction
     "draft_kv",  # committed tokens' target features into the draft KV cache
 )
+RECENT_STEPS = 2048  # steps kept one by one: a few served cells' worth
 
 
 def step_profile_requested() -> bool:
@@ -69,7 +73,8 @@ NO_TIMER = _NoTimer()
 
 
 class StepProfile:
-    """Per-phase time summed over the profiled decode steps, in all and per verify width."""
+    """Per-phase time summed over the profiled decode steps, in all and per verify width; the last
+    ``RECENT_STEPS`` steps one by one."""
 
     def __init__(self) -> None:
         self.enabled = step_profile_requested()
@@ -77,6 +82,7 @@ class StepProfile:
         self.total_ms = dict.fromkeys(PHASES, 0.0)
         self.steps_by_width: dict[int, int] = {}
         self.total_ms_by_width: dict[int, dict[str, float]] = {}
+        self.recent: deque[list] = deque(maxlen=RECENT_STEPS)  # [step index, width, ms per phase...]
         self._pending: deque[tuple[StepTimer, int]] = deque()
 
     def start(self, device: str) -> StepTimer | _NoTimer:
@@ -92,9 +98,11 @@ class StepProfile:
         while self._pending and self._pending[0][0].done():
             done, step_width = self._pending.popleft()
             by_width = self.total_ms_by_width.setdefault(step_width, dict.fromkeys(PHASES, 0.0))
-            for phase, ms in zip(PHASES, done.phase_ms()):
+            phase_ms = done.phase_ms()
+            for phase, ms in zip(PHASES, phase_ms):
                 self.total_ms[phase] += ms
                 by_width[phase] += ms
+            self.recent.append([self.steps, step_width, *(round(ms, 4) for ms in phase_ms)])
             self.steps += 1
             self.steps_by_width[step_width] = self.steps_by_width.get(step_width, 0) + 1
 
@@ -105,7 +113,8 @@ class StepProfile:
         by_width = {str(w): {"steps": self.steps_by_width[w],
                              "total_ms": {phase: round(ms, 4) for phase, ms in self.total_ms_by_width[w].items()}}
                     for w in sorted(self.steps_by_width)}  # fmt: skip
-        return {"steps": self.steps, "mean_ms": mean, "step_mean_ms": step, "total_ms": total, "by_width": by_width}
+        return {"steps": self.steps, "mean_ms": mean, "step_mean_ms": step, "total_ms": total, "by_width": by_width,
+                "recent": list(self.recent)}
 
 
 STEP_PROFILE = StepProfile()
@@ -140,3 +149,15 @@ def phase_means_by_width(before: dict, after: dict) -> dict[str, dict]:
             result[width] = {"steps": steps, "phase_ms": {p: (now["total_ms"][p] - then["total_ms"][p]) / steps
                                                           for p in PHASES}}  # fmt: skip
     return result
+
+
+def step_ms_spread(before: dict, after: dict) -> dict[str, dict]:
+    """Median and maximum step ms over the steps profiled between two snapshots, for all of them (``"all"``) and
+    per verify width, from the steps kept one by one (``steps``: how many were still kept, fewer than the
+    interval's when more than ``RECENT_STEPS`` ran)."""
+    kept = [entry for entry in after.get("recent", []) if entry[0] >= before["steps"]]
+    groups: dict[str, list[float]] = {"all": [sum(entry[2:]) for entry in kept]}
+    for entry in kept:
+        groups.setdefault(str(entry[1]), []).append(sum(entry[2:]))
+    return {key: {"steps": len(ms), "median_ms": statistics.median(ms), "max_ms": max(ms)}
+            for key, ms in groups.items() if ms}  # fmt: skip
