@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["length"])
 def _tree_accept_kernel(
     target_predict_ptr,
     draft_token_ptr,

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["length"])
 def _first_child_branch_kernel(
     next_token_ptr,
     lengths_ptr,

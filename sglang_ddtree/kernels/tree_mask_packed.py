@@ -24,7 +24,7 @@ import triton.language as tl
 _BYTES = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch_size", "num_trees"])
 def _pack_tree_mask_kernel(
     ancestor_ptr,
     seq_lens_ptr,

@@ -32,7 +32,7 @@ _ROWS = 16
 _PREFIX_BLOCK = 256
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["batch_size"])
 def _verify_tensors_kernel(
     parent_ptr,
     token_ptr,
@@ -64,15 +64,14 @@ def _verify_tensors_kernel(
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < n
 
-    # Mask offset of this request: N*N*b + N*sum(seq_lens[:b]).
-    batch = tl.arange(0, BS_P)
-    all_lens = tl.load(seq_lens_ptr + batch, mask=batch < batch_size, other=0).to(tl.int64)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
-    row_len = seq_len + n
-    mask_base = n * n * b.to(tl.int64) + n * tl.sum(tl.where(batch < b, all_lens, 0), 0)
-    row_ptrs = mask_ptr + mask_base + rows.to(tl.int64) * row_len
 
     if FULL_MASK:
+        # Mask offset of this request: N*N*b + N*sum(seq_lens[:b]).
+        batch = tl.arange(0, BS_P)
+        all_lens = tl.load(seq_lens_ptr + batch, mask=batch < batch_size, other=0).to(tl.int64)
+        mask_base = n * n * b.to(tl.int64) + n * tl.sum(tl.where(batch < b, all_lens, 0), 0)
+        row_ptrs = mask_ptr + mask_base + rows.to(tl.int64) * (seq_len + n)
         cols = tl.arange(0, PREFIX_BLOCK)
         ones = tl.full([ROWS, PREFIX_BLOCK], 1, dtype=tl.uint8)
         for start in range(split * PREFIX_BLOCK, seq_len, num_splits * PREFIX_BLOCK):
@@ -234,7 +233,7 @@ def build_verify_tensors(
         budget,
         num_words,
         max_depth,
-        BS_P=triton.next_power_of_2(bs),
+        BS_P=triton.next_power_of_2(bs) if full_mask else 1,  # only the FULL mask's offsets read the batch
         ROWS=_ROWS,
         NP=triton.next_power_of_2(n),
         WP=triton.next_power_of_2(num_words),
