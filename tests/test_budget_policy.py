@@ -156,3 +156,43 @@ def test_the_table_file_gives_the_step_times_and_each_defect_is_named(tmp_path):
             load_step_time_table(str(bad))
     with pytest.raises(ValueError, match="cannot read it as JSON"):
         load_step_time_table(str(tmp_path / "missing.json"))
+
+
+def test_a_widths_calibration_starts_from_the_drafters_claim_counted_as_one_verify():
+    """The mean of the verifies so far with the claim (ratio 1) as one of them, then a moving average once
+    ``1 / ema`` verifies are in: the first verify moves a width halfway, not by ``ema``."""
+    policy = policy_of(table(lambda bs, w: 1.0), ema=0.25, price_narrower_widths=False)
+    claimed = tree_of([[0.5] * 32])  # width 33 claims 16 drafts; a verify of it accepts 4: ratio 0.25
+    four = torch.tensor([[1, 2, 3, 4] + [-1] * 11])
+    calibrations = []
+    for _ in range(4):
+        policy.observe(claimed, 33, four)
+        calibrations.append(policy.calibration[WIDTHS.index(33)].item())
+    mean_with_claim = [(1 + n * 0.25) / (n + 1) for n in (1, 2, 3)]  # weights 1/2, 1/3, 1/4: the mean
+    assert calibrations[:3] == pytest.approx(mean_with_claim, rel=1e-5)
+    assert calibrations[3] == pytest.approx(calibrations[2] + 0.25 * (0.25 - calibrations[2]), rel=1e-5)  # then ema
+
+
+def test_under_a_per_width_simulation_the_policy_settles_on_the_width_that_pays_within_a_few_dozen_steps():
+    """RESULTS runs 91-93's cell: 16 requests, the server's own step times, certain top-1 branches (every width up
+    to 16 claims all its drafts) and the simulated mean committed tokens per width. Width 16 pays most. A policy
+    whose calibration crept from 1 by 5% per verify chose another width on 61 of these 120 steps (33 on 25: the
+    served cells' 20%); a width not chosen keeps its last calibration, so a wider one is still tried now and then
+    when the chosen one's estimate dips below it."""
+    step_ms = {1: 28.18, 2: 31.78, 4: 33.24, 8: 35.44, 16: 40.13, 33: 67.90}
+    tokens = {2: 1.68, 4: 2.45, 8: 2.97, 16: 3.94, 33: 4.39}  # 16: between 8's 2.97 and 17's 4.06
+    policy = BudgetPolicy(StepTimeTable({(16, w): ms for w, ms in step_ms.items()}, WIDTHS), WIDTHS,
+                          decisions_in_flight=0, price_narrower_widths=False)  # fmt: skip
+    branch = tree_of([[1.0] * 15 + [1e-4] * 17] * 16)  # the simulation's certain top-1 chain, then siblings
+
+    def accepted(width: int) -> torch.Tensor:
+        drafts = tokens.get(width, 1.0) - 1.0  # 16 requests: floor or ceil, mean as simulated
+        counts = [int(drafts) + (b < round((drafts - int(drafts)) * 16)) for b in range(16)]
+        return torch.tensor([list(range(1, c + 1)) + [-1] * (15 - c) for c in counts])
+
+    chosen = []
+    for _ in range(120):
+        chosen.append(policy.width())
+        policy.observe(branch, chosen[-1], accepted(chosen[-1]))
+    assert sum(w != 16 for w in chosen[:60]) <= 15
+    assert sum(w != 16 for w in chosen[60:]) <= 5

@@ -7,7 +7,10 @@ probability that the target accepts the path to each node, if the drafter is cal
 One drafter pass therefore prices every width at once, with a prefix sum.
 
 The drafter is not calibrated, so the prediction is scaled per width by the ratio of measured to predicted
-accepted drafts (an exponential moving average, online). Step time per (batch size, width) comes from a table
+accepted drafts, online: the mean of the verifies so far with the drafter's own claim (ratio 1) counted as one of
+them, an exponential moving average once ``1 / ema`` verifies are in (a plain moving average from 1 needs ~1 /
+ema verifies of a width to leave an overconfident start: under a per-width simulation a server of 16 requests
+verified widths that did not pay for ~90 steps, tests/gpu/RESULTS.md runs 91-93). Step time per (batch size, width) comes from a table
 measured on the model and GPU (below). The choice maximises ``sum over requests of expected tokens / step time``; width 1 means
 no tree: the bonus token verified alone, at about an AR step's cost, with the drafter re-run every
 ``probe_interval`` steps to notice when speculation pays again.
@@ -138,6 +141,7 @@ class BudgetPolicy:
         self.probe_interval = probe_interval
         self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
         self.calibration = torch.ones(len(self.widths), device=self.device)  # measured / predicted drafts
+        self._verifies = torch.zeros(len(self.widths), device=self.device)  # folded into each width's calibration
         self.decisions_in_flight = decisions_in_flight
         self.price_narrower_widths = price_narrower_widths
         # One host slot per decision that can be pending (observed, not yet taken by width()), reused in turn.
@@ -194,9 +198,11 @@ class BudgetPolicy:
         ratio = inside.sum(dim=(0, 1)).float() / predicted.sum(dim=0).clamp_min(1e-6)
         calibrated = (usable > 1) & ((usable <= verified_width) if self.price_narrower_widths
                                      else (usable == verified_width))  # fmt: skip
-        current = self.calibration[: len(usable)]
-        self.calibration[: len(usable)] = torch.where(calibrated, torch.lerp(current, ratio.clamp(0.0, 4.0), self.ema),
+        current, verifies = self.calibration[: len(usable)], self._verifies[: len(usable)]
+        weight = (1.0 / (verifies + 2.0)).clamp_min(self.ema)  # the claim's weight: one verify's
+        self.calibration[: len(usable)] = torch.where(calibrated, torch.lerp(current, ratio.clamp(0.0, 4.0), weight),
                                                       current)  # fmt: skip
+        self._verifies[: len(usable)] += calibrated
         tokens = 1.0 + predicted * self.calibration[: len(usable)]
         step_ms = self._step_rows[self.step_times.row_key(path_logprob.shape[0])][: len(usable)]
         choice = torch.argmax(tokens.sum(dim=0) / step_ms).reshape(1)
