@@ -640,13 +640,13 @@ def main(argv: Optional[list[str]] = None) -> None:
                    **simulation_env(config, args.simulate_tau, args.simulate_tau_by_width)}  # fmt: skip
             with launched_server([*launch_args, *shared], log_path=log, env=env or None, ready_timeout=900) \
                     if config not in attached else _attached(attached[config]) as url:  # fmt: skip
-                run_cell(url, config, warmup, 0.0, 1, 32)
+                run_cell(url, config, warmup, 0.0, 1, WARMUP_NEW_TOKENS)
                 flush_prefix_cache(url)
                 if config == "ar" and 0.0 in args.temperatures and not (args.simulate_tau or args.simulate_tau_by_width):
                     ar_top2 = ar_top2_logprobs(url, prompts, args.max_new_tokens)
                 for temperature, concurrency in cells:
                     progress.set_description(f"{config} T={temperature:g} c={concurrency}")
-                    warm_up_cell(url, config, warmup, temperature, concurrency)
+                    warm_up_cell(url, config, warmup, temperature, concurrency, args.max_new_tokens)
                     before = server_step_profile(url) if profile else None
                     auto_before = server_state(url, "ddtree_budget_auto") if config == "ddtree auto" else None
                     records += run_cell(url, config, cell_prompts[concurrency], temperature, concurrency,
@@ -666,12 +666,25 @@ def main(argv: Optional[list[str]] = None) -> None:
     print((out / "side_by_side.md").read_text())
 
 
-def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, concurrency: int) -> None:
+WARMUP_NEW_TOKENS = 32
+
+
+def warm_up_cell(url: str, config: str, warmup: list[dict], temperature: float, concurrency: int,
+                 max_new_tokens: int) -> None:  # fmt: skip
     """Run the cell's batch shape once on warm-up prompts before it is measured (one-time costs of a new batch
     size: graph selection, allocator growth, JIT of a kernel variant, land here and not in the first measured
-    requests), then flush the prefix cache, so that every cell starts from the same cache state."""
+    requests), then flush the prefix cache, so that every cell starts from the same cache state.
+
+    ``ddtree auto`` warms up on the cell's whole output length: its widths' step times at this batch size are
+    measured, and its calibration learns, on its first steps there, and each (width, batch size) it meets first
+    may compile a kernel variant. On 32 tokens a cell of 16 requests ran ~8 decode steps, and the measured cell
+    after it verified its widest trees on 20% of its steps while the policy settled, and stalled up to 2.8 s on
+    compiles (tests/gpu/RESULTS.md run 92)."""
     batch = [warmup[i % len(warmup)] for i in range(max(concurrency, len(warmup)))]
-    run_cell(url, config, batch, temperature, concurrency, 32)
+    if config == "ddtree auto":
+        run_cell(url, config, batch, temperature, concurrency, max_new_tokens, ignore_eos=True)
+    else:
+        run_cell(url, config, batch, temperature, concurrency, WARMUP_NEW_TOKENS)
     flush_prefix_cache(url)
 
 

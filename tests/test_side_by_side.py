@@ -346,8 +346,10 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
     def fake_run_cell(url, config, prompts, temperature, concurrency, max_new_tokens, ignore_eos=False):
         kind = "warm-up" if prompts[0]["dataset"] == "warmup" else "measure"
         calls.append((kind, temperature, concurrency, len(prompts)))
+        tokens.append((config, kind, max_new_tokens, ignore_eos))
         return []
 
+    tokens = []
     monkeypatch.setattr(side_by_side, "run_cell", fake_run_cell)
     monkeypatch.setattr(side_by_side, "write_report", lambda *a: (tmp_path / "side_by_side.md").write_text(""))
     side_by_side.main(["--model-path", "m", "--algos", "ar", "--concurrency", "1,8", "--temperatures", "0,1",
@@ -356,6 +358,33 @@ def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_i
     cells = calls[2:]
     assert cells == [step for t, c in [(0.0, 1), (0.0, 8), (1.0, 1), (1.0, 8)]
                      for step in [("warm-up", t, c, max(c, 2)), "flush", ("measure", t, c, 1)]]  # fmt: skip
+    assert {(kind, n) for _, kind, n, _ in tokens} == {("warm-up", 32), ("measure", 256)}
+
+
+def test_an_auto_budget_cell_warms_up_on_its_whole_output_length(tmp_path, monkeypatch):
+    """``--budget auto`` measures its widths' step times and calibrates on its first steps at a batch size, and
+    meets each (width, batch size) first there: on 32 warm-up tokens the measured cell of 16 requests still verified
+    its widest trees on 20% of its steps and stalled up to 2.8 s (RESULTS run 92). Its cells' warm-up generates the
+    cell's whole output length, past EOS; the server's first warm-up stays short."""
+    import contextlib
+
+    from bench import prompts as prompt_sets
+
+    tokens = []
+    monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
+    monkeypatch.setattr(prompt_sets, "load", lambda names, wheel_dir: [{"id": "p", "dataset": names[0], "prompt": "x"}])
+    monkeypatch.setattr(side_by_side, "tokenized_prompts",
+                        lambda rows, path: [{**r, "input_ids": [1, 2]} for r in rows])  # fmt: skip
+    monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
+    monkeypatch.setattr(side_by_side, "flush_prefix_cache", lambda url: None)
+    monkeypatch.setattr(side_by_side, "server_state", lambda url, key: {"widths": [1, 33], "steps": [0, 0]})
+    monkeypatch.setattr(side_by_side, "run_cell", lambda url, config, prompts, t, c, max_new_tokens, ignore_eos=False:
+                        tokens.append((prompts[0]["dataset"], c, max_new_tokens, ignore_eos)) or [])  # fmt: skip
+    monkeypatch.setattr(side_by_side, "write_report", lambda *a: (tmp_path / "side_by_side.md").write_text(""))
+    side_by_side.main(["--model-path", "m", "--draft-model-path", "d", "--algos", "ddtree", "--budgets", "auto",
+                       "--concurrency", "16", "--temperatures", "0", "--datasets", "mt_bench", "--max-new-tokens",
+                       "200", "--out", str(tmp_path)])  # fmt: skip
+    assert tokens == [("warmup", 1, 32, False), ("warmup", 16, 200, True), ("mt_bench", 16, 200, False)]
 
 
 def test_random_prompts_are_warmed_up_at_their_own_length_on_other_token_ids(tmp_path, monkeypatch):
