@@ -21,6 +21,7 @@ Writes ``acceptance_crossover.json``, ``.md`` and one PNG (a panel per concurren
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import sys
@@ -168,9 +169,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     source = Path(args.run) / "side_by_side.json"
     if not source.is_file():
-        parser.error(f"{source} does not exist: --run names a bench.side_by_side output folder")
+        source = source.with_suffix(".json.gz")  # a committed report, compressed to keep the checkout small
+    if not source.is_file():
+        parser.error(f"{source.with_suffix('')} does not exist: --run names a bench.side_by_side output folder")
     try:
-        result = crossover(json.loads(source.read_text()), args.headline)
+        text = gzip.decompress(source.read_bytes()).decode() if source.suffix == ".gz" else source.read_text()
+        result = crossover(json.loads(text), args.headline)
     except CrossoverError as e:
         parser.error(str(e))
     out = Path(args.out or args.run)

@@ -79,3 +79,15 @@ def test_the_command_writes_table_and_plot_and_refuses_in_one_line(tmp_path):
     assert "no --simulate-tau" in refused.stderr
     missing = subprocess.run([*command[:4], str(tmp_path / "nowhere")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_a_committed_report_compressed_to_json_gz_is_read_as_the_report(tmp_path):
+    import gzip
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "side_by_side.json.gz").write_bytes(gzip.compress(json.dumps(run_report()).encode()))
+    done = subprocess.run([sys.executable, "-m", "bench.acceptance_crossover", "--run", str(run), "--headline",
+                           "mtp=3.556"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "| ddtree B=32 | 1 | mtp | 3.556 | 4.57 |" in (run / "acceptance_crossover.md").read_text()
