@@ -327,19 +327,25 @@ def test_the_step_profile_keeps_only_its_last_steps_one_by_one(monkeypatch):
                                                     "max_ms": pytest.approx(50.0)}  # fmt: skip
 
 
-def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_it_is_measured(tmp_path, monkeypatch):
-    """One-time costs of a batch shape (a first concurrency-8 cell once took 1.08 s to its first token) fall in
-    an unmeasured warm-up of that shape; every cell then starts from a flushed prefix cache."""
+def offline_servers_and_prompts(monkeypatch) -> None:
+    """``side_by_side.main`` without servers, tokenizers or prompt wheels: one two-token prompt per dataset, every
+    configuration launchable, every server at one URL."""
     import contextlib
 
     from bench import prompts as prompt_sets
 
-    calls = []
     monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
     monkeypatch.setattr(prompt_sets, "load", lambda names, wheel_dir: [{"id": "p", "dataset": names[0], "prompt": "x"}])
     monkeypatch.setattr(side_by_side, "tokenized_prompts",
                         lambda rows, path: [{**r, "input_ids": [1, 2]} for r in rows])  # fmt: skip
     monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
+
+
+def test_every_cell_is_warmed_up_at_its_own_concurrency_and_temperature_before_it_is_measured(tmp_path, monkeypatch):
+    """One-time costs of a batch shape (a first concurrency-8 cell once took 1.08 s to its first token) fall in
+    an unmeasured warm-up of that shape; every cell then starts from a flushed prefix cache."""
+    calls = []
+    offline_servers_and_prompts(monkeypatch)
     monkeypatch.setattr(side_by_side, "ar_top2_logprobs", lambda url, prompts, n: {})
     monkeypatch.setattr(side_by_side.urllib.request, "urlopen", lambda request, timeout: calls.append("flush"))
 
@@ -366,16 +372,8 @@ def test_an_auto_budget_cell_warms_up_on_its_whole_output_length(tmp_path, monke
     meets each (width, batch size) first there: on 32 warm-up tokens the measured cell of 16 requests still verified
     its widest trees on 20% of its steps and stalled up to 2.8 s (RESULTS run 92). Its cells' warm-up generates the
     cell's whole output length, past EOS; the server's first warm-up stays short."""
-    import contextlib
-
-    from bench import prompts as prompt_sets
-
     tokens = []
-    monkeypatch.setattr(side_by_side, "refused_configuration", lambda configs, shared: None)
-    monkeypatch.setattr(prompt_sets, "load", lambda names, wheel_dir: [{"id": "p", "dataset": names[0], "prompt": "x"}])
-    monkeypatch.setattr(side_by_side, "tokenized_prompts",
-                        lambda rows, path: [{**r, "input_ids": [1, 2]} for r in rows])  # fmt: skip
-    monkeypatch.setattr(side_by_side, "launched_server", lambda *a, **k: contextlib.nullcontext("http://server"))
+    offline_servers_and_prompts(monkeypatch)
     monkeypatch.setattr(side_by_side, "flush_prefix_cache", lambda url: None)
     monkeypatch.setattr(side_by_side, "server_state", lambda url, key: {"widths": [1, 33], "steps": [0, 0]})
     monkeypatch.setattr(side_by_side, "run_cell", lambda url, config, prompts, t, c, max_new_tokens, ignore_eos=False:
