@@ -327,7 +327,8 @@ def step_profile_markdown(step_profiles: Sequence[dict]) -> str:
             phases = [phase_ms[phase] for phase in PHASES]
             ends = f"{kept['median_ms']:.3f} | {kept['max_ms']:.3f}" if kept else "– | –"
             lines.append(f"| {config} | {','.join(p['datasets'])} | {p['temperature']:g} | {p['concurrency']} | "
-                         f"{steps} | " + " | ".join(f"{ms:.3f}" for ms in phases) + f" | {sum(phases):.3f} | {ends} |")  # fmt: skip
+                         f"{steps} | " + " | ".join(f"{ms:.3f}" for ms in phases)
+                         + f" | {sum(phases):.3f} | {ends} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

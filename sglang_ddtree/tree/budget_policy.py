@@ -8,12 +8,13 @@ One drafter pass therefore prices every width at once, with a prefix sum.
 
 The drafter is not calibrated, so the prediction is scaled per width by the ratio of measured to predicted
 accepted drafts, online: the mean of the verifies so far with the drafter's own claim (ratio 1) counted as one of
-them, an exponential moving average once ``1 / ema`` verifies are in (a plain moving average from 1 needs ~1 /
-ema verifies of a width to leave an overconfident start: under a per-width simulation a server of 16 requests
-verified widths that did not pay for ~90 steps, tests/gpu/RESULTS.md runs 91-93). Step time per (batch size, width) comes from a table
-measured on the model and GPU (below). The choice maximises ``sum over requests of expected tokens / step time``; width 1 means
-no tree: the bonus token verified alone, at about an AR step's cost, with the drafter re-run every
-``probe_interval`` steps to notice when speculation pays again.
+them, an exponential moving average once ``1 / ema`` verifies are in. (A moving average from 1 leaves an
+overconfident claim only ~1 / ema verifies of each width later: on the step times a server of 16 requests measured
+for itself, tests/gpu/RESULTS.md run 93, it chose widths that did not pay on 61 of 120 simulated steps, this on 16;
+tests/test_budget_policy.py.) Step time per (batch size, width) comes from a table measured on the model and GPU
+(below). The choice maximises ``sum over requests of expected tokens / step time``; width 1 means no tree: the bonus
+token verified alone, at about an AR step's cost, with the drafter re-run every ``probe_interval`` steps to notice
+when speculation pays again.
 
 Everything per step runs on the GPU; each decision reaches the host through a non-blocking copy, and a step
 uses the decision made ``decisions_in_flight`` trees before the newest (one by default: under overlap scheduling
