@@ -3,6 +3,9 @@
 # optionally .gpu/jitcache_*.txz (tests/gpu/jit_cache.sh, which also defines pack_jit_cache OUT_DIR).
 # The sourcing script sets OUT (its output folder); T0 starts its clock.
 T0=$(date +%s)
+# Seconds this call may still spend on measuring: GPU_RUN_DEADLINE_S (default 570, under the call's 600 s) from T0,
+# less GPU_RUN_RESERVE_S (default 45) kept for packing the reports, logs and JIT caches that must come back.
+left() { echo $(( T0 + ${GPU_RUN_DEADLINE_S:-570} - ${GPU_RUN_RESERVE_S:-45} - $(date +%s) )); }
 # A call cut by its time limit leaves its servers holding the GPU on a machine kept warm for the next call (RESULTS
 # run 63: 132 GiB, the next server out of memory): end every process on the GPU first (by PID: a pattern would
 # match the calling shell's own command line). Once per call: a script that sourced this file and then runs another

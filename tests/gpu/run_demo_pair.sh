@@ -16,7 +16,9 @@
 #   bash tests/gpu/run_demo_pair.sh client [python -m bench.sglang_client arguments ...]
 #       SGLang's own serving client against AR and DDTree on SmolLM2 with DRAFTER (default: the shipped drafter),
 #       report and server logs -> $OUT/sglang_client.tgz, log $OUT/client.log
-# Setup as tests/gpu/run_suite.sh (tests/gpu/env.sh); the JIT cache is re-packed into $OUT at the end.
+# Setup as tests/gpu/run_suite.sh (tests/gpu/env.sh); the JIT cache is re-packed into $OUT at the end. Each phase
+# runs under GPU_RUN_DEADLINE_S (default 570: env.sh's `left`), so a phase cut by it still returns what it wrote
+# (bench: every finished configuration; `--resume` on the warm machine continues).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/demo_pair_out}
@@ -31,7 +33,7 @@ case "$phase" in
     data=(--prompts .gpu/pool.jsonl)
     if [ -n "${ANSWERS:-}" ]; then read -ra answer_files <<< "$ANSWERS"; data=(--answers-in "${answer_files[@]}"); fi
     [ -n "${INIT_FROM:-}" ] && data+=(--init-from "$INIT_FROM")
-    python3 -m sglang_ddtree.training.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" "${data[@]}" \
+    timeout "$(left)" python3 -m sglang_ddtree.training.train_drafter --target "$TARGET" --out "$OUT/demo_drafter" "${data[@]}" \
       --generator sglang --sglang-engine-args '{"mem_fraction_static": 0.5, "sampling_backend": "pytorch", "attention_backend": "flashinfer"}' \
       --answers-out /tmp/demo_answers.jsonl --num-layers 2 --num-features 3 --block-size 16 --max-new-tokens 256 \
       --batch-size 16 --anchors 32 --lr 1e-3 --steps 0 --time-budget-minutes "${TRAIN_MINUTES:-4}" "$@" 2>&1 \
@@ -40,19 +42,19 @@ case "$phase" in
     rm -rf /tmp/demo_drafter && cp -r "$OUT/demo_drafter" /tmp/demo_drafter
     ;;
   bench)
-    python3 -m bench.side_by_side --model-path "$TARGET" --draft-model-path "${DRAFTER:-/tmp/demo_drafter}" \
+    timeout "$(left)" python3 -m bench.side_by_side --model-path "$TARGET" --draft-model-path "${DRAFTER:-/tmp/demo_drafter}" \
       --wheel-dir .gpu/benchwheels --out /tmp/demo_pair_side_by_side "$@" 2>&1 | tee "$OUT/bench.log"
     rc=${PIPESTATUS[0]}
     tar -czf "$OUT/side_by_side.tgz" -C /tmp demo_pair_side_by_side
     ;;
   profile)
-    python3 -m bench.step_profile --model-path "$TARGET" --draft-model-path "${DRAFTER:-$SITE/sglang_ddtree/demo_drafter}" \
+    timeout "$(left)" python3 -m bench.step_profile --model-path "$TARGET" --draft-model-path "${DRAFTER:-$SITE/sglang_ddtree/demo_drafter}" \
       --wheel-dir .gpu/benchwheels --out /tmp/demo_pair_step_profile "$@" 2>&1 | tee "$OUT/profile.log"
     rc=${PIPESTATUS[0]}
     tar -czf "$OUT/step_profile.tgz" --exclude=traces -C /tmp demo_pair_step_profile  # traces: too big to return
     ;;
   client)
-    python3 -m bench.sglang_client --model-path "$TARGET" --draft-model-path "${DRAFTER:-$SITE/sglang_ddtree/demo_drafter}" \
+    timeout "$(left)" python3 -m bench.sglang_client --model-path "$TARGET" --draft-model-path "${DRAFTER:-$SITE/sglang_ddtree/demo_drafter}" \
       --out /tmp/demo_pair_sglang_client "$@" 2>&1 | tee "$OUT/client.log"
     rc=${PIPESTATUS[0]}
     tar -czf "$OUT/sglang_client.tgz" -C /tmp demo_pair_sglang_client

@@ -23,9 +23,6 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/gdn_verify_out}
 source tests/gpu/env.sh || exit 1
 LOG="$OUT/gdn_verify.log"
-DEADLINE=$(( T0 + ${GPU_RUN_DEADLINE_S:-570} ))
-RESERVE=45  # seconds kept for packing the JIT cache and the logs
-left() { echo $(( DEADLINE - RESERVE - $(date +%s) )); }
 unset PYTHONSAFEPATH  # it drops the checkout from sys.path: `python3 -m bench.*` is then not found (RESULTS run 66)
 
 part() {  # part NAME MIN_SECONDS COMMAND...: runs COMMAND under the time left, or says why it did not

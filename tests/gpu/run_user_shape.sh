@@ -31,7 +31,6 @@ MAX_RUNNING=$(tr ',' '\n' <<<"$CONCURRENCY" | sort -n | tail -1)
 # Decode graph batch sizes: SGLang's ladder up to the largest concurrency unless GRAPH_BS names them ("16 32": a
 # cell's requests start and end together, so smaller batches pad up to the next graph; fewer captures, faster start).
 GRAPH_BS=${GRAPH_BS:-$(python3 -c "import sys; m = int(sys.argv[1]); print(*sorted({b for b in (1, 2, 4, 8, 16, 24, 32, 48, 64) if b <= m} | {m}))" "$MAX_RUNNING")}
-left() { echo $(( T0 + ${GPU_RUN_DEADLINE_S:-570} - 45 - $(date +%s) )); }  # 45 s kept for packing
 
 echo "setup: $(( $(date +%s) - T0 ))s, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')" | tee "$LOG"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
