@@ -31,9 +31,24 @@ ALGOS = ("ar", "mtp", "dflash", "ddtree")  # the launcher's
 REPORTED = ("output_throughput", "median_tpot_ms", "median_ttft_ms", "accept_length", "completed", "duration")
 
 
+def serving_client_code(module: str = "sglang.benchmark.serving") -> str:
+    """``python -c`` code that runs SGLang's client ``module`` as ``__main__``. Its dataset registry imports Hugging
+    Face ``datasets`` for the MMMU loader, which random-ids never calls, and the GPU machine has no ``datasets``
+    (tests/gpu/RESULTS.md run 99): where it does not import, a stand-in whose ``load_dataset`` says so takes its place."""
+    return ("import runpy, sys, types\n"
+            "try:\n"
+            "    import datasets\n"
+            "except ImportError:\n"
+            "    def load_dataset(*args, **kwargs):\n"
+            "        raise ImportError('Hugging Face datasets is not installed: only --dataset-name random-ids runs')\n"
+            "    sys.modules['datasets'] = types.ModuleType('datasets')\n"
+            "    sys.modules['datasets'].load_dataset = load_dataset\n"
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")  # fmt: skip
+
+
 def client_command(url: str, tokenizer: str, concurrency: int, prompts: int, input_len: int, output_len: int,
                    raw: Path) -> list[str]:  # fmt: skip
-    return [sys.executable, "-m", "sglang.benchmark.serving", "--backend", "sglang", "--base-url", url,
+    return [sys.executable, "-c", serving_client_code(), "--backend", "sglang", "--base-url", url,
             "--tokenizer", tokenizer, "--dataset-name", "random-ids", "--random-input-len", str(input_len),
             "--random-output-len", str(output_len), "--random-range-ratio", "1.0", "--num-prompts", str(prompts),
             "--max-concurrency", str(concurrency), "--temperature", "0", "--flush-cache", "--seed", "1",

@@ -4,6 +4,7 @@ reported as SGLang gives them."""
 import contextlib
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -45,7 +46,7 @@ def test_each_algorithm_is_served_and_measured_by_sglangs_client_at_every_concur
     assert [(row["algo"], row["concurrency"], row["completed"]) for row in report["rows"]] == [
         ("ar", 1, 2), ("ar", 8, 16), ("ddtree", 1, 2), ("ddtree", 8, 16)]
     option = dict(zip(calls[-1], calls[-1][1:]))
-    assert calls[-1][1:3] == ["-m", "sglang.benchmark.serving"]
+    assert calls[-1][1:3] == ["-c", sglang_client.serving_client_code()]
     assert (option["--dataset-name"], option["--random-input-len"], option["--random-output-len"],
             option["--random-range-ratio"], option["--temperature"]) == ("random-ids", "1024", "256", "1.0", "0")
     table = sglang_client.markdown(report)
@@ -75,3 +76,18 @@ def test_bad_input_gets_one_line_not_a_traceback(tmp_path, capsys):
     with pytest.raises(SystemExit, match="SGLang's client failed for ar at concurrency 1: ValueError: bad"):
         sglang_client.run(sglang_client.parse_args(["--model-path", "M", "--out", str(tmp_path), "--algos", "ar"]),
                           serve=fake_server, client=failing)
+
+
+def test_sglangs_client_runs_where_hugging_face_datasets_does_not_import(tmp_path):
+    """SGLang's client imports ``datasets`` at start-up for a loader random-ids never uses; the GPU machine lacks it."""
+    (tmp_path / "datasets.py").write_text("raise ImportError('not installed here')\n")
+    (tmp_path / "stand_in_client.py").write_text(
+        "import sys\nfrom datasets import load_dataset\n"
+        "try:\n    load_dataset('mmmu')\nexcept ImportError as error:\n"
+        "    open(sys.argv[-1], 'w').write(' '.join(sys.argv[1:-1]) + ' | ' + str(error))\n")
+    out = tmp_path / "ran.txt"
+    code = sglang_client.serving_client_code("stand_in_client")
+    subprocess.run([sys.executable, "-c", code, "--backend", "sglang", str(out)], check=True, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    arguments, error = out.read_text().split(" | ")
+    assert arguments == "--backend sglang" and "only --dataset-name random-ids runs" in error

@@ -15,7 +15,8 @@
 #       the shipped drafter), report and server logs -> $OUT/step_profile.tgz (the traces stay on the machine), log $OUT/profile.log
 #   bash tests/gpu/run_demo_pair.sh client [python -m bench.sglang_client arguments ...]
 #       SGLang's own serving client against AR and DDTree on SmolLM2 with DRAFTER (default: the shipped drafter),
-#       report and server logs -> $OUT/sglang_client.tgz, log $OUT/client.log
+#       report and server logs -> $OUT/sglang_client.tgz, log $OUT/client.log. Pass the server flags after `--`,
+#       at least `--attention-backend flashinfer` (SGLang's default on Hopper is FA3, which the wheelhouse drops).
 # Setup as tests/gpu/run_suite.sh (tests/gpu/env.sh); the JIT cache is re-packed into $OUT at the end. Each phase
 # runs under GPU_RUN_DEADLINE_S (default 570: env.sh's `left`), so a phase cut by it still returns what it wrote
 # (bench: every finished configuration; `--resume` on the warm machine continues).
