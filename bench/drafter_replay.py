@@ -34,6 +34,17 @@ def held_out_prompts(answers_path: str, held_out_fraction: float, limit: int) ->
     return [{"dataset": "held-out", "input_ids": list(ids)} for ids in prompt_ids[: limit or None]]
 
 
+def prompt_rows(datasets: list[str], num_prompts: int, wheel_dir: str, tokenizer_path: str) -> list[dict]:
+    """The first ``num_prompts`` of each benchmark set (0: all), tokenized as ``bench.side_by_side`` sends them."""
+    from bench import prompts as prompt_sets
+
+    rows = []
+    for name in datasets:
+        chosen = prompt_sets.load([name], wheel_dir)
+        rows += chosen[:num_prompts] if num_prompts else chosen
+    return tokenized_prompts(rows, tokenizer_path)
+
+
 def load_drafter(folder: str, target_config: dict, device: str):
     from sglang_ddtree.training.drafter_model import DFlashDrafter, DrafterShape
     from sglang_ddtree.training.train_drafter import load_drafter as load_weights
@@ -88,11 +99,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         prompts = held_out_prompts(args.held_out_of, args.held_out_fraction, args.num_prompts)
         args.datasets = ["held-out"]
     else:
-        rows = []
-        for name in args.datasets:
-            chosen = prompt_sets.load([name], args.wheel_dir)
-            rows += chosen[: args.num_prompts] if args.num_prompts else chosen
-        prompts = tokenized_prompts(rows, args.target)
+        prompts = prompt_rows(args.datasets, args.num_prompts, args.wheel_dir, args.target)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(args.device).eval()
     # The trainer's own greedy self-distillation: prompt + answer, ending at the end-of-sequence token.
     answers = self_distill_hf(target, AutoTokenizer.from_pretrained(args.target), [p["input_ids"] for p in prompts],

@@ -20,3 +20,11 @@ def int_list(text: str) -> list[int]:
         return [int(item) for item in text.split(",") if item]
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of integers") from None
+
+
+def float_list(text: str) -> list[float]:
+    """argparse type: comma-separated numbers, e.g. ``1,0.5,0.25``."""
+    try:
+        return [float(item) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of numbers") from None

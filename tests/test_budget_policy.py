@@ -59,8 +59,9 @@ def test_expected_tokens_are_one_plus_the_prefix_sums_of_path_probabilities():
 
 
 def test_a_confident_drafter_gets_a_wide_tree_and_a_hopeless_one_no_tree():
-    """Step time 1 ms + 0.02 ms per verify token: a 33-wide verify costs 1.64x a bonus-only step."""
-    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w))
+    """Step time 1 ms + 0.02 ms per verify token: a 33-wide verify costs 1.64x a bonus-only step. (Each decision
+    from the newest tree alone: ``smoothing=1``.)"""
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), smoothing=1.0)
     policy.observe(tree_of([[0.95 ** (i + 1) for i in range(32)]]), 33, no_accepts(1))
     assert policy.width() == 33
     policy.observe(tree_of([[0.01] * 32]), 1, no_accepts(1))
@@ -81,7 +82,7 @@ def test_the_same_trees_get_narrower_as_the_batch_makes_width_expensive():
 def test_an_overconfident_drafter_is_calibrated_down_by_what_the_target_accepts():
     """The drafter claims 0.9 per node, the target accepts one node of the first level: the calibrated
     prediction falls until no tree pays, and the narrower widths were calibrated by the same verifies."""
-    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), ema=0.5)
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), ema=0.5, smoothing=1.0)
     claimed = tree_of([[0.9] * 32])
     first_node_only = torch.tensor([[1] + [-1] * 14])
     policy.observe(claimed, 33, first_node_only)
@@ -103,10 +104,34 @@ def test_a_verify_prices_the_narrower_widths_unless_told_that_its_paths_are_not_
     assert changed == ([2, 4, 8, 16, 33] if price_narrower_widths else [33])
 
 
-def test_at_width_one_the_drafter_runs_again_every_probe_interval_steps():
+def test_at_width_one_the_drafter_runs_again_every_probe_interval_steps_at_the_widest_width():
+    """The probe re-prices every width and commits what the widest tree accepts (a probe at width 2 spent its step
+    on one draft: tests/gpu/RESULTS.md run 96, replayed in bench/results/budget_policy_replay/)."""
     policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), probe_interval=4)
     policy.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))
-    assert [policy.width() for _ in range(8)] == [1, 1, 1, 2, 1, 1, 1, 2]
+    assert [policy.width() for _ in range(8)] == [1, 1, 1, 33, 1, 1, 1, 33]
+    narrow_probe = policy_of(table(lambda bs, w: 1.0 + 0.02 * w), probe_interval=2, probe_width=2)
+    narrow_probe.observe(tree_of([[0.01] * 32]), 33, no_accepts(1))
+    assert [narrow_probe.width() for _ in range(4)] == [1, 2, 1, 2]
+    with pytest.raises(ValueError, match="probe_width must be one of the widths above 1"):
+        policy_of(table(lambda bs, w: 1.0), probe_width=3)
+
+
+def test_one_hopeless_tree_among_confident_ones_does_not_stop_drafting_but_a_run_of_them_does():
+    """A decision takes effect a step or more after the tree it was made from, so it prices the trees to come by
+    the recent ones' smoothed expectation (``smoothing``, per verify), not by one tree: on the demo pair a
+    single low-confidence tree sent the policy to width 1 for 16 steps on 38% of its steps (run 96)."""
+    policy = policy_of(table(lambda bs, w: 1.0 + 0.02 * w))
+    confident, hopeless = tree_of([[0.95 ** (i + 1) for i in range(32)]]), tree_of([[0.01] * 32])
+    for _ in range(10):
+        policy.observe(confident, 33, no_accepts(1))
+    policy.observe(hopeless, 33, no_accepts(1))
+    assert policy.width() == 33
+    for _ in range(30):
+        policy.observe(hopeless, 33, no_accepts(1))
+    assert policy.width() == 1
+    with pytest.raises(ValueError, match="smoothing must be in"):
+        policy_of(table(lambda bs, w: 1.0), smoothing=0.0)
 
 
 def test_before_any_tree_the_policy_verifies_the_widest_so_the_first_tree_prices_every_width():
@@ -117,7 +142,7 @@ def test_before_any_tree_the_policy_verifies_the_widest_so_the_first_tree_prices
 def test_a_step_uses_the_decision_of_the_tree_before_the_newest_so_every_rank_picks_the_same_width():
     """Under overlap scheduling the newest decision may still be on the GPU when the host prepares the next step;
     taking "whatever has landed" would let tensor-parallel ranks pick different widths at the same step."""
-    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS)
+    policy = BudgetPolicy(table(lambda bs, w: 1.0 + 0.02 * w), WIDTHS, smoothing=1.0)
     confident, hopeless = tree_of([[0.95 ** (i + 1) for i in range(32)]]), tree_of([[0.01] * 32])
     widths = []
     for tree in (hopeless, confident, confident, hopeless, hopeless):

@@ -36,17 +36,23 @@ def chain_accepted(block: Sequence[int], path: Sequence[int], anchor: int) -> in
     return accepted
 
 
-def tree_accepted(parent: Sequence[int], token: Sequence[int], path: Sequence[int], anchor: int) -> int:
-    """Draft tokens a DDTree verify accepts at ``anchor``: the depth of the deepest tree path (nodes in pop
-    order, node ``i + 1`` = ``parent[i]``'s child with ``token[i]``; root 0) that follows the greedy path."""
+def tree_accepted_nodes(parent: Sequence[int], token: Sequence[int], path: Sequence[int], anchor: int) -> list[int]:
+    """The nodes a DDTree verify accepts at ``anchor``, root excluded: the deepest tree path (nodes in pop order,
+    node ``i + 1`` = ``parent[i]``'s child with ``token[i]``; root 0) that follows the greedy path. A parent pops
+    before its children, so the ids ascend and a narrower tree (the first ``w - 1`` nodes) accepts a prefix."""
     children: dict[tuple[int, int], int] = {}
     for i, (p, t) in enumerate(zip(parent, token)):
         children.setdefault((int(p), int(t)), i + 1)
-    node, depth = 0, 0
-    while anchor + 1 + depth < len(path) and (node, path[anchor + 1 + depth]) in children:
-        node = children[node, path[anchor + 1 + depth]]
-        depth += 1
-    return depth
+    nodes: list[int] = []
+    while anchor + 1 + len(nodes) < len(path) and (nodes[-1] if nodes else 0, path[anchor + 1 + len(nodes)]) in children:
+        nodes.append(children[nodes[-1] if nodes else 0, path[anchor + 1 + len(nodes)]])
+    return nodes
+
+
+def tree_accepted(parent: Sequence[int], token: Sequence[int], path: Sequence[int], anchor: int) -> int:
+    """Draft tokens a DDTree verify accepts at ``anchor``: the depth of the deepest tree path that follows the
+    greedy path (``tree_accepted_nodes``)."""
+    return len(tree_accepted_nodes(parent, token, path, anchor))
 
 
 def walk(accepted_at, start: int, end: int) -> list[int]:

@@ -12,9 +12,13 @@ them, an exponential moving average once ``1 / ema`` verifies are in. (A moving 
 overconfident claim only ~1 / ema verifies of each width later: on the step times a server of 16 requests measured
 for itself, tests/gpu/RESULTS.md run 93, it chose widths that did not pay on 61 of 120 simulated steps, this on 16;
 tests/test_budget_policy.py.) Step time per (batch size, width) comes from a table measured on the model and GPU
-(below). The choice maximises ``sum over requests of expected tokens / step time``; width 1 means no tree: the bonus
-token verified alone, at about an AR step's cost, with the drafter re-run every ``probe_interval`` steps to notice
-when speculation pays again.
+(below). The choice maximises expected tokens per request / step time, the expectation smoothed over verifies
+(``smoothing``: each verify moves it 10%): a decision takes effect a step or more after the tree it was made from, on
+a tree of its own, so the recent trees' mean prices it better than the newest tree alone (on the demo pair, one
+low-confidence tree sent the policy to width 1 for 16 steps, 38% of its steps at one request: tests/gpu/RESULTS.md
+run 96; replayed along the pair's greedy paths by ``bench.budget_policy_replay``, 0.89x the best fixed width's
+tokens per ms, smoothed 0.96-0.99x). Width 1 means no tree: the bonus token verified alone, with the drafter re-run at
+the widest width every ``probe_interval`` steps, which re-prices every width and commits what that tree accepts.
 
 Everything per step runs on the GPU; each decision reaches the host through a non-blocking copy, and a step
 uses the decision made ``decisions_in_flight`` trees before the newest (one by default: under overlap scheduling
@@ -127,6 +131,8 @@ class BudgetPolicy:
         widths: Sequence[int] = DEFAULT_WIDTHS,
         device: torch.device | str = "cpu",
         ema: float = 0.05,
+        smoothing: float = 0.1,
+        probe_width: Optional[int] = None,
         probe_interval: int = 16,
         decisions_in_flight: int = 1,
         price_narrower_widths: bool = True,
@@ -139,6 +145,14 @@ class BudgetPolicy:
         self._step_rows = {bs: row.to(self.device) for bs, row in step_times.rows.items()}  # no per-step H2D copy
         self._staged_rows: dict[int, torch.Tensor] = {}
         self.ema = ema
+        if not 0.0 < smoothing <= 1.0:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        self.smoothing = smoothing
+        if probe_width is not None and probe_width not in self.widths[1:]:
+            raise ValueError(f"probe_width must be one of the widths above 1 {self.widths[1:]}, got {probe_width}")
+        self.probe_width = self.widths[-1] if probe_width is None else probe_width
+        self._expected = torch.zeros(len(self.widths), device=self.device)  # tokens per request, smoothed
+        self._expected_seen = False
         self.probe_interval = probe_interval
         self._width_index = torch.tensor(self.widths, dtype=torch.int64, device=self.device)
         self.calibration = torch.ones(len(self.widths), device=self.device)  # measured / predicted drafts
@@ -173,7 +187,7 @@ class BudgetPolicy:
             self._steps_at_one += 1
             if self._steps_at_one >= self.probe_interval:  # draft again to re-price the widths
                 self._steps_at_one = 0
-                return self.widths[1]
+                return self.probe_width
         else:
             self._steps_at_one = 0
         return self.widths[self._chosen]
@@ -204,9 +218,12 @@ class BudgetPolicy:
         self.calibration[: len(usable)] = torch.where(calibrated, torch.lerp(current, ratio.clamp(0.0, 4.0), weight),
                                                       current)  # fmt: skip
         self._verifies[: len(usable)] += calibrated
-        tokens = 1.0 + predicted * self.calibration[: len(usable)]
+        tokens = (1.0 + predicted * self.calibration[: len(usable)]).mean(dim=0)  # per request
+        expected = self._expected[: len(usable)]
+        expected.copy_(torch.lerp(expected, tokens, self.smoothing) if self._expected_seen else tokens)
+        self._expected_seen = True
         step_ms = self._step_rows[self.step_times.row_key(path_logprob.shape[0])][: len(usable)]
-        choice = torch.argmax(tokens.sum(dim=0) / step_ms).reshape(1)
+        choice = torch.argmax(expected / step_ms).reshape(1)
         slot = self._decisions % len(self._choice_host)
         self._decisions += 1
         self._choice_host[slot : slot + 1].copy_(choice, non_blocking=True)
