@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bench.budget_policy_replay import AnswerTrace, ms_row, replay_fixed, replay_policy
+from bench.budget_policy_replay import AnswerTrace, ms_row, replay, replay_fixed, replay_policy
 
 TABLE = {1: 1.0, 2: 1.2, 4: 1.3, 33: 2.0}
 
@@ -42,3 +42,16 @@ def test_step_times_are_read_as_width_colon_milliseconds():
         ms_row("1=3.3")
     with pytest.raises(argparse.ArgumentTypeError, match="need width 1"):
         ms_row("2:3.3,33:4.9")
+
+
+def test_a_batch_decodes_its_answers_together_and_a_finished_answer_frees_its_slot_for_the_next():
+    """Two slots for three answers of 4, 8 and 4 anchors at width 2 (one draft accepted: 2 tokens a step): the
+    first and third answer share a slot, so the batch takes 4 steps, each charged once."""
+    traces = [answer(4, [1], 0.5), answer(8, [1], 0.5), answer(4, [1], 0.5)]
+    result = replay_fixed(traces, 2, TABLE, batch_size=2)
+    summary = result.summary()
+    assert (summary["tokens"], summary["steps_per_width"], summary["ms"], result.request_steps) == (16, {2: 4}, 4.8, 8)
+    seen = []
+    replay(traces, TABLE, lambda: 2, lambda trees, width, accepted: seen.append((tuple(trees.shape), accepted.shape[0])),
+           batch_size=2)  # fmt: skip
+    assert seen == [((2, 32), 2)] * 4  # the policy hears the whole batch's trees at every step
