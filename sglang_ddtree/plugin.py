@@ -26,6 +26,7 @@ _AUX_HIDDEN_CAPTURE = (
 _REQ_TO_TOKEN_HEADROOM = "sglang.srt.mem_cache.allocation_sizing.get_req_to_token_extra_context_len"
 _DFLASH_REQUEST_CHECK = "sglang.srt.speculative.dflash_utils.validate_dflash_request"
 _HTTP_SERVER_SETUP = "sglang.srt.entrypoints.http_server._setup_and_run_http_server"
+_REQUEST_VALIDATION = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 _registered = False
 
 
@@ -116,6 +117,7 @@ def register() -> None:
     HookRegistry.register(_REQ_TO_TOKEN_HEADROOM, ddtree_spec.reserve_row_headroom_for_two_trees, HookType.AROUND)
     HookRegistry.register(_DFLASH_REQUEST_CHECK, ddtree_requests.refuse_what_ddtree_cannot_serve, HookType.AROUND)
     HookRegistry.register(_HTTP_SERVER_SETUP, server_hygiene.install_request_error_handlers, HookType.BEFORE)
+    HookRegistry.register(_REQUEST_VALIDATION, server_hygiene.refuse_token_ids_outside_the_vocabulary, HookType.BEFORE)
     if ddtree_cuda_graph.graph_verify_check_requested():
         HookRegistry.register(
             f"{_GRAPH_RUNNER}.execute", ddtree_cuda_graph.compare_graph_verify_with_eager, HookType.AROUND

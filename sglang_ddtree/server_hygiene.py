@@ -7,12 +7,18 @@ generate_request``. The plugin replaces that handler when the HTTP server is set
 ``http_server._setup_and_run_http_server``), for every algorithm: malformed JSON is named with its line and column,
 other errors by field and reason. SGLang's own envelopes are kept: ``ErrorResponse`` (``/v1/responses``: its nested
 ``error``), and ``/v1/messages`` keeps SGLang's Anthropic handler, which already scrubs its messages.
+
+A token id outside the model's vocabulary (``input_ids`` are the client's to give) reached the embedding: SGLang
+0.5.17 has the check (``TokenizerManager._validate_input_ids_in_vocab``) but never calls it, and one request with
+``input_ids: [1000]`` on a 64-token model ended the CPU engine's scheduler with an ``IndexError`` (a GPU's embedding
+would trip a device-side assert), the server gone for every client. The plugin checks the ids where SGLang checks a
+request's length, so the request gets the same 400.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -66,6 +72,21 @@ async def answer_validation_error(request: Request, exc: RequestValidationError)
         status_code=status.value,
         content=ErrorResponse(message=message, type=status.phrase, code=status.value).model_dump(),
     )
+
+
+def refuse_token_ids_outside_the_vocabulary(manager: Any, obj: Any, input_ids: Optional[list[int]], *args: Any,
+                                            **kwargs: Any) -> None:  # fmt: skip
+    """BEFORE ``TokenizerManager._validate_one_request`` (whose ``ValueError`` is the request's HTTP 400): the first
+    id outside ``[0, vocab_size)`` is named with its position. Requests with images, video or audio are left to SGLang
+    (their processors may place ids of their own)."""
+    if not input_ids or any(getattr(obj, field, None) for field in ("image_data", "video_data", "audio_data")):
+        return None
+    vocab_size = manager.model_config.vocab_size
+    if 0 <= min(input_ids) and max(input_ids) < vocab_size:
+        return None
+    position, token_id = next((i, t) for i, t in enumerate(input_ids) if not 0 <= t < vocab_size)
+    raise ValueError(f"input_ids[{position}] = {token_id} is not a token of this model: its vocabulary is "
+                     f"[0, {vocab_size})")  # fmt: skip
 
 
 _SGLANG_HANDLERS: dict[str, Any] = {}

@@ -11,7 +11,11 @@ from typing import Optional
 import pytest
 
 from sglang_ddtree.serving import free_port, launched_server
-from sglang_ddtree.server_hygiene import describe_validation_errors, json_error_position
+from sglang_ddtree.server_hygiene import (
+    describe_validation_errors,
+    json_error_position,
+    refuse_token_ids_outside_the_vocabulary,
+)
 from tiny_models import TinyShape, make_dflash_drafter, make_qwen3_target
 
 TRITON_LAUNCH_LOG_ENV = "DDTREE_TEST_TRITON_LAUNCH_LOG"  # tests/cpu_shims/sitecustomize.py
@@ -65,6 +69,18 @@ def test_json_errors_are_placed_by_line_and_column():
     assert describe_validation_errors(errors, '{"a": }') == "malformed JSON at line 1 column 7: unexpected character"
     assert describe_validation_errors([{"type": "missing", "loc": ("body",), "msg": "Field required"}], b"") == (
         "request body: Field required")
+
+
+def test_a_token_id_outside_the_vocabulary_is_named_with_its_position():
+    manager = type("Manager", (), {"model_config": type("Config", (), {"vocab_size": 64})()})()
+    request = type("Request", (), {"image_data": None})()
+    assert refuse_token_ids_outside_the_vocabulary(manager, request, [0, 5, 63]) is None
+    with pytest.raises(ValueError, match=r"input_ids\[2\] = 64 is not a token of this model: its vocabulary is \[0, 64\)"):
+        refuse_token_ids_outside_the_vocabulary(manager, request, [0, 5, 64, 1000])
+    with pytest.raises(ValueError, match=r"input_ids\[0\] = -1 "):
+        refuse_token_ids_outside_the_vocabulary(manager, request, [-1])
+    with_image = type("Request", (), {"image_data": ["an image"]})()
+    assert refuse_token_ids_outside_the_vocabulary(manager, with_image, [1000]) is None  # SGLang's processors' ids
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +180,21 @@ def test_every_refusal_names_ddtree(server, path, payload, refused):
     assert f"DDTREE speculative decoding does not support {refused}" in message, message
     assert "DFLASH" not in message
     assert_clean(message)
+
+
+@pytest.mark.parametrize("path, payload", [
+    ("/generate", {"input_ids": [5, 6, 1000], "sampling_params": {"max_new_tokens": 2}}),
+    ("/v1/completions", {"model": "default", "prompt": [5, 64], "max_tokens": 2}),
+])  # fmt: skip
+def test_a_token_id_outside_the_vocabulary_gets_a_400_and_the_server_lives_on(server, path, payload):
+    """SGLang 0.5.17 lets such an id reach the embedding: the scheduler died (``IndexError`` on the CPU engine) and
+    with it the server, for every client."""
+    status, body = call(server + path, payload)
+    assert status == 400, body
+    message = error_message(body)
+    assert "is not a token of this model: its vocabulary is [0, 64)" in message, message
+    assert_clean(message)
+    assert call(server + "/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 1}})[0] == 200
 
 
 def test_the_server_still_serves_after_every_bad_request(server):
