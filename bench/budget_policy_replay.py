@@ -116,24 +116,19 @@ def replay_fixed(traces: list[AnswerTrace], width: int, clock_ms: dict[int, floa
 def trace_answers(target, drafter, mask_token_id: int, sequences: list[tuple[list[int], int]],
                   tree_width: int) -> list[AnswerTrace]:  # fmt: skip
     """Every anchor of each answer's greedy path (``greedy_acceptance``'s walk visits a subset of them)."""
-    from sglang_ddtree.training.drafter_acceptance import ANCHOR_CHUNK, greedy_path_end, tree_accepted_nodes
-    from sglang_ddtree.training.drafter_model import block_logits, target_forward
+    from sglang_ddtree.training.drafter_acceptance import anchor_block_logits, tree_accepted_nodes
     from sglang_ddtree.tree.tree_reference import reference_build_tree, reference_topk_logprobs
 
     traces, budget = [], tree_width - 1
     for ids_list, answer_start in sequences:
-        ids = torch.tensor([ids_list])
-        features, target_logits = target_forward(target, ids, drafter.shape.target_layer_ids)
-        end = greedy_path_end(ids[0], target_logits[0], answer_start)
-        if end - answer_start < 2:
+        blocks = anchor_block_logits(drafter, target, ids_list, answer_start, mask_token_id)
+        if blocks is None:
             continue
-        anchors = torch.arange(answer_start, end - 1)
-        logits = torch.cat([block_logits(drafter, target, ids, chunk[None], features, mask_token_id)[0]
-                            for chunk in anchors.split(ANCHOR_CHUNK)])  # fmt: skip
+        end, logits = blocks
         top_logprobs, top_tokens = reference_topk_logprobs(logits, min(budget, logits.shape[-1]))
         parent, token, _, path_logprob = reference_build_tree(top_logprobs, top_tokens, budget)
-        accepted = torch.full((len(anchors), drafter.shape.block_size - 1), -1, dtype=torch.int64)
-        for row, anchor in enumerate(anchors.tolist()):
+        accepted = torch.full((logits.shape[0], drafter.shape.block_size - 1), -1, dtype=torch.int64)
+        for row, anchor in enumerate(range(answer_start, end - 1)):
             nodes = tree_accepted_nodes(parent[row].tolist(), token[row].tolist(), ids_list[:end], anchor)
             accepted[row, : len(nodes)] = torch.tensor(nodes, dtype=torch.int64)
         traces.append(AnswerTrace(path_logprob, accepted))

@@ -12,7 +12,8 @@ A token id outside the model's vocabulary (``input_ids`` are the client's to giv
 0.5.17 has the check (``TokenizerManager._validate_input_ids_in_vocab``) but never calls it, and one request with
 ``input_ids: [1000]`` on a 64-token model ended the CPU engine's scheduler with an ``IndexError`` (a GPU's embedding
 would trip a device-side assert), the server gone for every client. The plugin checks the ids where SGLang checks a
-request's length, so the request gets the same 400.
+request's length, so the request gets the same 400 (not by calling SGLang's unused check: it lets negative ids
+through and echoes the whole ``input_ids`` list, a prompt's worth, in the message).
 """
 
 from __future__ import annotations

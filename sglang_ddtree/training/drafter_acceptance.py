@@ -66,21 +66,33 @@ def walk(accepted_at, start: int, end: int) -> list[int]:
 
 
 @torch.no_grad()
+def anchor_block_logits(drafter: DFlashDrafter, model, ids_list: list[int], answer_start: int,
+                        mask_token_id: int) -> tuple[int, torch.Tensor] | None:  # fmt: skip
+    """The end of the answer's greedy path and the drafter's block logits ``[A, B-1, V]`` at each of its anchors
+    ``answer_start .. end - 2`` (one target pass, one drafter pass per ``ANCHOR_CHUNK`` anchors); None for a path
+    of fewer than two answer tokens (no verify to replay)."""
+    device = next(drafter.parameters()).device
+    ids = torch.tensor([ids_list], device=device)
+    features, target_logits = target_forward(model, ids, drafter.shape.target_layer_ids)
+    end = greedy_path_end(ids[0], target_logits[0], answer_start)
+    if end - answer_start < 2:
+        return None
+    anchors = torch.arange(answer_start, end - 1, device=device)
+    return end, torch.cat([block_logits(drafter, model, ids, chunk[None], features, mask_token_id)[0]
+                           for chunk in anchors.split(ANCHOR_CHUNK)])  # fmt: skip
+
+
+@torch.no_grad()
 def greedy_acceptance(drafter: DFlashDrafter, model, sequences: Iterable[tuple[list[int], int]], mask_token_id: int,
                       budgets: Sequence[int] = ()) -> dict[str, list[int]]:  # fmt: skip
     """Accepted draft tokens of every verify along each sequence's greedy path (``(ids, answer_start)``):
     ``{"dflash": [...], "ddtree B=<b>": [...] for b in budgets}``, all sequences' steps concatenated."""
-    device = next(drafter.parameters()).device
     steps: dict[str, list[int]] = {"dflash": [], **{f"ddtree B={b}": [] for b in budgets}}
     for ids_list, answer_start in sequences:
-        ids = torch.tensor([ids_list], device=device)
-        features, target_logits = target_forward(model, ids, drafter.shape.target_layer_ids)
-        end = greedy_path_end(ids[0], target_logits[0], answer_start)
-        if end - answer_start < 2:
+        blocks = anchor_block_logits(drafter, model, ids_list, answer_start, mask_token_id)
+        if blocks is None:
             continue
-        anchors = torch.arange(answer_start, end - 1, device=device)
-        logits = torch.cat([block_logits(drafter, model, ids, chunk[None], features, mask_token_id)[0]
-                            for chunk in anchors.split(ANCHOR_CHUNK)])  # fmt: skip  # [A, B-1, V]
+        end, logits = blocks  # [A, B-1, V]
         path = ids_list[:end]
         drafts = logits.argmax(-1).tolist()
         steps["dflash"] += walk(lambda a: chain_accepted(drafts[a - answer_start], path, a), answer_start, end)
